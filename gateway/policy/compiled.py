@@ -1,0 +1,68 @@
+"""The running policy: immutable objects compiled once from a validated policy file.
+
+Requests only ever read these. Prices are converted to USD per token, references are resolved and
+credentials are read from the environment at load time, so nothing is parsed on the request path.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+from gateway.policy.schema import Accounting, Dialect, Fallback, Objective, Signals, Slo, Thinking, Timeouts, WhenInfeasible
+
+
+@dataclass(frozen=True, slots=True)
+class TokenPrices:
+    """USD per single token."""
+
+    input: float
+    cached_input: float
+    output: float
+    reasoning: float  # equals ``output`` unless the provider prices thinking apart
+
+
+@dataclass(frozen=True, slots=True)
+class PoolPrice:
+    """A self-hosted pool billed by the hour, whoever uses it."""
+
+    usd_per_hour: float
+    accounting: Accounting
+    assumed_tokens_per_s: float | None
+
+
+@dataclass(frozen=True, slots=True)
+class CompiledBackend:
+    name: str
+    dialect: Dialect
+    base_url: str  # OpenAI base URL without trailing slash, e.g. http://10.0.0.5:8000/v1
+    model: str
+    token_prices: TokenPrices | None  # per-token pricing (per_token or litellm basis)
+    pool_price: PoolPrice | None  # gpu_hours pricing
+    thinking: Thinking
+    max_concurrency: int
+    context_window: int | None
+    signals: Signals
+    timeouts: Timeouts
+    api_key: str | None = field(default=None, repr=False)  # never printed, never logged
+
+
+@dataclass(frozen=True, slots=True)
+class CompiledRoute:
+    name: str
+    backends: tuple[str, ...]
+    slo: Slo
+    objective: Objective
+    when_infeasible: WhenInfeasible
+    fallback: Fallback
+    exploration: float
+    description: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class CompiledPolicy:
+    source: str  # file path it was loaded from
+    digest: str  # sha256 of the file's bytes, to tell reloads apart
+    backends: Mapping[str, CompiledBackend]
+    routes: Mapping[str, CompiledRoute]
+    max_body_bytes: int

@@ -1,0 +1,128 @@
+"""The policy file's strict shape: what people may write in YAML, and nothing else.
+
+Unknown keys and wrong types are errors (``extra="forbid"``, strict scalars); the loader turns
+pydantic's error locations into ``file:line:col dotted.path: message``. Models are frozen so a
+loaded policy can be shared by every request without copying.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+Dialect = Literal["vllm", "llamacpp", "openai"]
+Thinking = Literal["none", "optional", "mandatory"]
+Objective = Literal["lowest_cost", "lowest_ttft", "highest_throughput"]
+WhenInfeasible = Literal["fastest", "cheapest", "reject"]
+Accounting = Literal["amortized", "marginal"]
+BackendName = Annotated[str, Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$", max_length=64)]
+RouteName = Annotated[str, Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9._:/-]*$", max_length=128)]
+PositiveFloat = Annotated[float, Field(gt=0)]
+NonNegativeFloat = Annotated[float, Field(ge=0)]
+
+
+class Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
+
+
+class PerTokenPrice(Strict):
+    """USD per 1M tokens. Reasoning tokens are output tokens unless ``reasoning_usd_per_mtok`` is set."""
+
+    input_usd_per_mtok: NonNegativeFloat
+    output_usd_per_mtok: NonNegativeFloat
+    cached_input_usd_per_mtok: NonNegativeFloat | None = None
+    reasoning_usd_per_mtok: NonNegativeFloat | None = None
+
+
+class LitellmPrice(Strict):
+    """Look the per-token price up in litellm's bundled (offline) price map by model name."""
+
+    model: str
+
+
+class GpuHoursPrice(Strict):
+    """A self-hosted pool: the whole pool's price per hour, spread over measured output tokens."""
+
+    usd_per_hour: PositiveFloat
+    accounting: Accounting = "amortized"
+    # Throughput assumed until traffic has been measured (tokens/s, aggregate over the pool).
+    assumed_tokens_per_s: PositiveFloat | None = None
+
+
+class Pricing(Strict):
+    per_token: PerTokenPrice | None = None
+    litellm: LitellmPrice | None = None
+    gpu_hours: GpuHoursPrice | None = None
+
+    @model_validator(mode="after")
+    def exactly_one_basis(self) -> Pricing:
+        chosen = [n for n in ("per_token", "litellm", "gpu_hours") if getattr(self, n) is not None]
+        if len(chosen) != 1:
+            raise ValueError("give exactly one pricing basis: per_token, litellm or gpu_hours")
+        return self
+
+
+class Signals(Strict):
+    """Where the gateway reads a backend's load and health, scraped about once a second."""
+
+    metrics_url: str | None = None
+    slots_url: str | None = None
+    health_url: str | None = None
+    interval_s: PositiveFloat = 1.0
+
+
+class Timeouts(Strict):
+    connect_s: PositiveFloat = 5.0
+    # Longest wait for the first byte of the answer (a llama.cpp pool may take a minute).
+    first_byte_s: PositiveFloat = 120.0
+    # Longest silence between two chunks of a stream once it has started.
+    idle_s: PositiveFloat = 60.0
+
+
+class Backend(Strict):
+    dialect: Dialect
+    url: Annotated[str, Field(pattern=r"^https?://")]
+    model: str
+    # Name of the environment variable holding the credential: secrets never live in the file.
+    api_key_env: str | None = None
+    pricing: Pricing
+    thinking: Thinking = "none"
+    max_concurrency: Annotated[int, Field(ge=1)] = 64
+    context_window: Annotated[int, Field(ge=1)] | None = None
+    signals: Signals = Signals()
+    timeouts: Timeouts = Timeouts()
+
+
+class Slo(Strict):
+    ttft_p95_ms: PositiveFloat | None = None
+    min_decode_tokens_per_s: PositiveFloat | None = None
+    # Thinking models: time until the first *answer* (content) token, reasoning excluded.
+    first_answer_p95_ms: PositiveFloat | None = None
+
+
+class Fallback(Strict):
+    max_attempts: Annotated[int, Field(ge=1, le=10)] = 3
+    deadline_s: PositiveFloat = 600.0
+
+
+class Route(Strict):
+    backends: Annotated[list[BackendName], Field(min_length=1)]
+    slo: Slo = Slo()
+    objective: Objective = "lowest_cost"
+    when_infeasible: WhenInfeasible = "fastest"
+    fallback: Fallback = Fallback()
+    # Share of requests sent to a non-chosen healthy candidate to keep its measurements fresh.
+    exploration: Annotated[float, Field(ge=0, le=0.5)] = 0.02
+    description: str | None = None
+
+
+class Server(Strict):
+    max_body_bytes: Annotated[int, Field(ge=1024)] = 4 * 1024 * 1024
+
+
+class PolicyFile(Strict):
+    version: Literal[1] = 1
+    server: Server = Server()
+    backends: Annotated[dict[BackendName, Backend], Field(min_length=1)]
+    routes: Annotated[dict[RouteName, Route], Field(min_length=1)]
