@@ -70,8 +70,9 @@ class Observation:
     status: Literal["ok", "error"] = "ok"
     error_type: str | None = None
     finished_at: float | None = None
-    cost_usd: float | None = None
+    cost_usd: float | None = None  # settled, summed over attempts
     cost_basis: str | None = None
+    expected_cost_usd: float | None = None  # what the decision predicted for the chosen backend
 
     @property
     def final(self) -> Attempt | None:

@@ -1,0 +1,45 @@
+"""Thin handlers for the OpenAI-compatible surface: /v1/chat/completions, /v1/completions, /v1/models."""
+
+from __future__ import annotations
+
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.routing import Route
+
+from gateway.api.responses import json_response
+from gateway.proxy import complete
+from gateway.runtime import Runtime
+from gateway.streaming import StreamRelay
+
+
+def runtime_of(request: Request) -> Runtime:
+    runtime: Runtime = request.app.state.runtime
+    return runtime
+
+
+async def chat_completions(request: Request) -> Response | StreamRelay:
+    return await complete(runtime_of(request), request, "chat")
+
+
+async def completions(request: Request) -> Response | StreamRelay:
+    return await complete(runtime_of(request), request, "completions")
+
+
+async def models(request: Request) -> Response:
+    policy = runtime_of(request).policy
+    data = [
+        {"id": name, "object": "model", "created": 0, "owned_by": "gateway", "description": route.description}
+        for name, route in policy.routes.items()
+    ]
+    return json_response({"object": "list", "data": data})
+
+
+routes = [
+    Route("/v1/chat/completions", chat_completions, methods=["POST"]),
+    Route("/v1/completions", completions, methods=["POST"]),
+    Route("/v1/models", models, methods=["GET"]),
+    # Some clients are configured without the /v1 prefix.
+    Route("/chat/completions", chat_completions, methods=["POST"]),
+    Route("/completions", completions, methods=["POST"]),
+    Route("/models", models, methods=["GET"]),
+]

@@ -1,0 +1,45 @@
+"""JSON responses and the exception handlers that turn every error into an OpenAI-format body."""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import orjson
+from starlette.exceptions import HTTPException
+from starlette.requests import Request
+from starlette.responses import Response
+
+from gateway.errors import GatewayError, error_bytes
+
+log = logging.getLogger("gateway")
+
+# OpenAI's error types for the statuses Starlette itself may raise (unknown path, wrong method).
+_HTTP_ERROR_TYPES = {404: "not_found_error", 405: "invalid_request_error"}
+
+
+def json_response(content: Any, status: int = 200, headers: dict[str, str] | None = None) -> Response:
+    return Response(orjson.dumps(content), status_code=status, headers=headers, media_type="application/json")
+
+
+async def gateway_error(request: Request, exc: Exception) -> Response:
+    assert isinstance(exc, GatewayError)
+    return Response(
+        exc.to_bytes(), status_code=exc.status, headers=exc.headers(), media_type="application/json"
+    )
+
+
+async def http_error(request: Request, exc: Exception) -> Response:
+    assert isinstance(exc, HTTPException)
+    message = f"{request.method} {request.url.path}: {exc.detail}"
+    body = error_bytes(message, _HTTP_ERROR_TYPES.get(exc.status_code, "invalid_request_error"))
+    return Response(body, status_code=exc.status_code, headers=exc.headers, media_type="application/json")
+
+
+async def unexpected_error(request: Request, exc: Exception) -> Response:
+    log.exception("unhandled error on %s %s", request.method, request.url.path)
+    body = error_bytes("the gateway hit an internal error; it has been logged", "server_error")
+    return Response(body, status_code=500, media_type="application/json")
+
+
+exception_handlers = {GatewayError: gateway_error, HTTPException: http_error, Exception: unexpected_error}

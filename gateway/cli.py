@@ -1,0 +1,99 @@
+"""The ``gateway`` command: serve, check, emulate, demo.
+
+Each subcommand is a small function; imports of heavy parts happen inside them so that
+``gateway check`` or ``gateway emulate`` never load what they do not use.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+from pathlib import Path
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+DEFAULT_POLICY = REPO_ROOT / "policies" / "default.yaml"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    logging.basicConfig(
+        level=getattr(logging, args.log_level.upper(), logging.INFO),
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
+    result: int = args.func(args)
+    return result
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="gateway", description="A cost-aware, OpenAI-compatible LLM gateway."
+    )
+    parser.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
+    sub = parser.add_subparsers(required=True, metavar="COMMAND")
+
+    serve = sub.add_parser("serve", help="serve the OpenAI-compatible API with a routing policy")
+    serve.add_argument("--policy", default=str(DEFAULT_POLICY), help="policy YAML (hot-reloaded on change)")
+    serve.add_argument("--host", default="127.0.0.1")
+    serve.add_argument("--port", type=int, default=8080)
+    serve.set_defaults(func=cmd_serve)
+
+    check = sub.add_parser("check", help="validate a policy file and print its compiled routes")
+    check.add_argument("file")
+    check.set_defaults(func=cmd_check)
+
+    emulate = sub.add_parser("emulate", help="run an upstream emulator (vLLM, llama.cpp or paid-API dialect)")
+    emulate.add_argument("--profile", required=True, help="b300-vllm, a100-llamacpp or paid-api")
+    emulate.add_argument("--host", default="127.0.0.1")
+    emulate.add_argument("--port", type=int, required=True)
+    emulate.add_argument(
+        "--time-scale", type=float, default=1.0, help="multiply every duration (0.01 = 100x faster)"
+    )
+    emulate.add_argument(
+        "--cold-boot", action="store_true", help="start booting: /health fails for the boot time"
+    )
+    emulate.set_defaults(func=cmd_emulate)
+
+    demo = sub.add_parser(
+        "demo", help="start the three emulated backends and the gateway on the default policy"
+    )
+    demo.add_argument("--port", type=int, default=8080)
+    demo.add_argument("--policy", default=str(DEFAULT_POLICY))
+    demo.add_argument("--time-scale", type=float, default=1.0, help="emulator speed (0.1 = ten times faster)")
+    demo.set_defaults(func=cmd_demo)
+    return parser
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    from gateway.server import serve
+
+    return serve(args.policy, host=args.host, port=args.port, log_level=args.log_level)
+
+
+def cmd_check(args: argparse.Namespace) -> int:
+    from gateway.policy.check import check_main
+
+    return check_main(args.file)
+
+
+def cmd_emulate(args: argparse.Namespace) -> int:
+    from gateway.emulator import PROFILES, run_emulator
+
+    if args.profile not in PROFILES:
+        print(f"unknown profile '{args.profile}'; choose one of: {', '.join(PROFILES)}", file=sys.stderr)
+        return 2
+    run_emulator(
+        args.profile, host=args.host, port=args.port, time_scale=args.time_scale, cold_boot=args.cold_boot
+    )
+    return 0
+
+
+def cmd_demo(args: argparse.Namespace) -> int:
+    from gateway.demo import run_demo
+
+    return run_demo(args.policy, port=args.port, time_scale=args.time_scale, log_level=args.log_level)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,101 @@
+"""Reading what upstreams say, in every OpenAI-compatible dialect we front: usage shapes, reasoning fields.
+
+vLLM reports reasoning as ``reasoning`` (newer) or ``reasoning_content`` (older) and may omit the
+reasoning count; llama.cpp never counts reasoning and may send no stream usage at all; paid APIs put
+reasoning inside ``completion_tokens``. Everything here normalises to ``observation.Usage``.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from gateway.observation import Usage
+
+REASONING_FIELDS = ("reasoning", "reasoning_content")
+CHARS_PER_TOKEN = 4  # the usual rough ratio for English text; only used when nobody counted
+
+
+def usage_from(obj: Any, reasoning_chunks: int = 0) -> Usage | None:
+    """Normalise an OpenAI-style ``usage`` object; ``None`` when it is absent or empty."""
+    if not isinstance(obj, dict):
+        return None
+    completion = _int(obj.get("completion_tokens"))
+    prompt = _int(obj.get("prompt_tokens"))
+    if completion is None and prompt is None:
+        return None
+    completion = completion or 0
+    details = obj.get("completion_tokens_details")
+    reasoning = _int(details.get("reasoning_tokens")) if isinstance(details, dict) else None
+    if reasoning is None:
+        # The upstream did not count thinking (llama.cpp, some vLLM builds): the reasoning chunks seen
+        # are the best figure, and they are already inside completion_tokens either way.
+        reasoning = min(reasoning_chunks, completion)
+    prompt_details = obj.get("prompt_tokens_details")
+    cached = _int(prompt_details.get("cached_tokens")) if isinstance(prompt_details, dict) else None
+    return Usage(
+        prompt_tokens=prompt or 0,
+        completion_tokens=completion,
+        reasoning_tokens=reasoning,
+        cached_prompt_tokens=cached or 0,
+        source="reported",
+    )
+
+
+def counted_usage(prompt_chars: int, completion_chunks: int, reasoning_chunks: int) -> Usage:
+    """Usage the gateway estimates when the upstream reported none: one token per streamed text chunk
+    (vLLM and llama.cpp stream one token a frame) and a characters-per-token guess for the prompt."""
+    return Usage(
+        prompt_tokens=estimate_tokens(prompt_chars),
+        completion_tokens=completion_chunks,
+        reasoning_tokens=reasoning_chunks,
+        source="counted",
+    )
+
+
+def estimate_tokens(chars: int) -> int:
+    return math.ceil(chars / CHARS_PER_TOKEN) if chars > 0 else 0
+
+
+def prompt_chars(payload: dict[str, Any]) -> int:
+    """Characters of text in a chat ``messages`` list or a completions ``prompt``."""
+    total = 0
+    messages = payload.get("messages")
+    if isinstance(messages, list):
+        for message in messages:
+            if isinstance(message, dict):
+                total += _text_chars(message.get("content"))
+    else:
+        total += _text_chars(payload.get("prompt"))
+    return total
+
+
+def message_text_chars(message: Any) -> tuple[int, int]:
+    """(answer chars, reasoning chars) of a non-streamed chat message or completion choice."""
+    if not isinstance(message, dict):
+        return 0, 0
+    answer = _text_chars(message.get("content", message.get("text")))
+    reasoning = 0
+    for field in REASONING_FIELDS:
+        value = message.get(field)
+        if isinstance(value, str):
+            reasoning = max(reasoning, len(value))
+    return answer, reasoning
+
+
+def _text_chars(content: Any) -> int:
+    if isinstance(content, str):
+        return len(content)
+    if isinstance(content, list):
+        total = 0
+        for part in content:
+            if isinstance(part, str):
+                total += len(part)
+            elif isinstance(part, dict) and isinstance(part.get("text"), str):
+                total += len(part["text"])
+        return total
+    return 0
+
+
+def _int(value: Any) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) else None

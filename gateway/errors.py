@@ -1,0 +1,119 @@
+"""One error tree for the gateway, rendered as OpenAI-format error bodies.
+
+    GatewayError                       (status, OpenAI ``type``, ``code``)
+    ├── InvalidRequest                 400 invalid_request_error  (malformed JSON, missing fields)
+    │   ├── BodyTooLarge               413
+    │   └── ModelNotFound              404 code=model_not_found (lists the known routes)
+    ├── NoRouteAvailable               503 service_unavailable (nothing feasible or healthy)
+    └── UpstreamError                  502 upstream_error      (every attempt failed before a byte was sent)
+        └── UpstreamTimeout            504
+
+Foreign exceptions (aiohttp, asyncio timeouts) are translated once, in the backend adapter, into
+``AttemptFailure``; the request path turns the last failure into an ``UpstreamError`` for the client.
+Messages never carry backend URLs or credentials: they name backends by their policy name only.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import orjson
+
+
+class GatewayError(Exception):
+    status = 500
+    type = "server_error"
+    code: str | None = None
+    param: str | None = None
+
+    def __init__(self, message: str, *, param: str | None = None, code: str | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        if param is not None:
+            self.param = param
+        if code is not None:
+            self.code = code
+
+    def body(self) -> dict[str, Any]:
+        return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
+
+    def to_bytes(self) -> bytes:
+        return orjson.dumps(self.body())
+
+    def headers(self) -> dict[str, str]:
+        return {}
+
+
+class InvalidRequest(GatewayError):
+    status = 400
+    type = "invalid_request_error"
+
+
+class BodyTooLarge(InvalidRequest):
+    status = 413
+    code = "request_too_large"
+
+
+class ModelNotFound(InvalidRequest):
+    status = 404
+    code = "model_not_found"
+    param = "model"
+
+
+class NoRouteAvailable(GatewayError):
+    status = 503
+    type = "service_unavailable"
+    code = "no_backend_available"
+
+
+class UpstreamError(GatewayError):
+    status = 502
+    type = "upstream_error"
+    code = "upstream_failed"
+
+    def __init__(self, message: str, *, retry_after: str | None = None) -> None:
+        super().__init__(message)
+        self.retry_after = retry_after
+
+    def headers(self) -> dict[str, str]:
+        return {"retry-after": self.retry_after} if self.retry_after else {}
+
+
+class UpstreamTimeout(UpstreamError):
+    status = 504
+    code = "upstream_timeout"
+
+
+class UpstreamClientError(GatewayError):
+    """The upstream refused the request itself (bad parameters, context too long): the client's to fix,
+    so it is passed on with the upstream's status instead of being retried elsewhere."""
+
+    type = "invalid_request_error"
+
+    def __init__(self, status: int, message: str, code: str | None = None, param: str | None = None) -> None:
+        super().__init__(message, code=code, param=param)
+        self.status = status
+
+
+class AttemptFailure(Exception):
+    """One upstream attempt failed; ``kind`` decides whether another backend may be tried."""
+
+    def __init__(
+        self,
+        kind: str,
+        message: str,
+        *,
+        http_status: int | None = None,
+        retry_after: str | None = None,
+        client_fault: GatewayError | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.kind = kind  # "connect_error" | "timeout" | "upstream_error" | "dropped"
+        self.message = message
+        self.http_status = http_status
+        self.retry_after = retry_after
+        self.client_fault = client_fault  # set when the request itself was refused (do not retry)
+
+
+def error_bytes(status_message: str, type_: str = "server_error", code: str | None = None) -> bytes:
+    return orjson.dumps({"error": {"message": status_message, "type": type_, "param": None, "code": code}})

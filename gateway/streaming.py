@@ -1,0 +1,232 @@
+"""The SSE relay: passes upstream bytes on as they arrive and measures them on the way.
+
+Events are forwarded untouched; the only one ever held back is the usage-only chunk the gateway
+asked for itself (``stream_options.include_usage``) when the client did not. Each event is parsed once,
+only to see whether it carries reasoning, an answer, usage or the end of the stream.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any
+
+import orjson
+
+from gateway.dialect import REASONING_FIELDS, counted_usage, usage_from
+from gateway.errors import AttemptFailure
+from gateway.observation import Attempt
+
+Clock = Callable[[], float]
+Send = Callable[[dict[str, Any]], Awaitable[None]]
+Receive = Callable[[], Awaitable[dict[str, Any]]]
+
+
+class StreamMeter:
+    """Splits a byte stream into SSE events, notes first-token times, counts chunks, keeps usage."""
+
+    __slots__ = (
+        "_attempt",
+        "_client_wants_usage",
+        "_prompt_chars",
+        "_sep",
+        "_tail",
+        "answer_chunks",
+        "done",
+        "reasoning_chunks",
+        "upstream_error",
+        "usage_obj",
+    )
+
+    def __init__(self, attempt: Attempt, *, client_wants_usage: bool, prompt_chars: int) -> None:
+        self._attempt = attempt
+        self._client_wants_usage = client_wants_usage
+        self._prompt_chars = prompt_chars
+        self._sep = b""
+        self._tail = b""
+        self.answer_chunks = 0
+        self.reasoning_chunks = 0
+        self.usage_obj: Any = None
+        self.done = False
+        self.upstream_error: Any = None
+
+    def feed(self, data: bytes, now: float) -> bytes:
+        """Take bytes from the network; return the complete events to forward now."""
+        buf = self._tail + data if self._tail else data
+        if not self._sep:
+            # sse-starlette (llama-cpp-python) ends lines with CRLF, vLLM and llama-server with LF.
+            self._sep = b"\r\n\r\n" if b"\r\n" in buf else b"\n\n"
+        sep = self._sep
+        cut = buf.rfind(sep)
+        if cut < 0:
+            self._tail = buf
+            return b""
+        cut += len(sep)
+        complete, self._tail = buf[:cut], buf[cut:]
+        events = complete.split(sep)
+        events.pop()  # the empty remainder after the last separator
+        dropped = False
+        kept: list[bytes] = []
+        for event in events:
+            if self._inspect(event, now):
+                kept.append(event)
+            else:
+                dropped = True
+        if not dropped:
+            return complete
+        return b"".join(event + sep for event in kept)
+
+    def _inspect(self, event: bytes, now: float) -> bool:
+        """Measure one event; False means the client must not see it."""
+        payload = _data_of(event)
+        if payload is None:
+            return True
+        if payload == b"[DONE]":
+            self.done = True
+            return True
+        try:
+            obj = orjson.loads(payload)
+        except orjson.JSONDecodeError:
+            return True
+        if not isinstance(obj, dict):
+            return True
+        usage = obj.get("usage")
+        if usage:
+            self.usage_obj = usage  # cumulative when sent on every frame: keep the latest, never add
+        choices = obj.get("choices")
+        if not choices:
+            if "error" in obj:
+                self.upstream_error = obj["error"]
+            return bool(self._client_wants_usage or not usage)
+        for choice in choices:
+            self._inspect_choice(choice, now)
+        return True
+
+    def _inspect_choice(self, choice: Any, now: float) -> None:
+        if not isinstance(choice, dict):
+            return
+        delta = choice.get("delta")
+        if isinstance(delta, dict):
+            if delta.get("content") or delta.get("tool_calls"):
+                self._answer(now)
+                return
+            for field in REASONING_FIELDS:
+                if delta.get(field):
+                    self._reasoning(now)
+                    return
+        elif choice.get("text"):  # /v1/completions
+            self._answer(now)
+
+    def _answer(self, now: float) -> None:
+        self.answer_chunks += 1
+        attempt = self._attempt
+        if attempt.first_answer_s is None:
+            attempt.first_answer_s = now - attempt.started_at
+            if attempt.ttft_s is None:
+                attempt.ttft_s = attempt.first_answer_s
+
+    def _reasoning(self, now: float) -> None:
+        self.reasoning_chunks += 1
+        if self._attempt.ttft_s is None:
+            self._attempt.ttft_s = now - self._attempt.started_at
+
+    def finish(self, now: float) -> None:
+        """Settle usage: the upstream's figure when it gave one, else the gateway's count."""
+        attempt = self._attempt
+        attempt.finished_at = now
+        attempt.token_chunks = self.answer_chunks + self.reasoning_chunks
+        usage = usage_from(self.usage_obj, self.reasoning_chunks)
+        if usage is None:
+            usage = counted_usage(self._prompt_chars, attempt.token_chunks, self.reasoning_chunks)
+        attempt.usage = usage
+
+
+def _data_of(event: bytes) -> bytes | None:
+    if event.startswith(b"data:"):
+        line = event[5:]
+        newline = line.find(b"\n")
+        if newline >= 0:  # a multi-line event: only the data line matters
+            line = line[:newline]
+        return line.strip()
+    for line in event.splitlines():
+        if line.startswith(b"data:"):
+            return line[5:].strip()
+    return None
+
+
+def error_event(message: str, code: str) -> bytes:
+    body = {"error": {"message": message, "type": "upstream_error", "param": None, "code": code}}
+    return b"data: " + orjson.dumps(body) + b"\n\n"
+
+
+class StreamRelay:
+    """An ASGI response that relays an open upstream stream and settles the observation at the end."""
+
+    def __init__(
+        self,
+        *,
+        headers: list[tuple[bytes, bytes]],
+        first: bytes,
+        chunks: AsyncIterator[bytes],
+        meter: StreamMeter,
+        attempt: Attempt,
+        clock: Clock,
+        release: Callable[[], None],
+        on_finish: Callable[[], None],
+    ) -> None:
+        self._headers = headers
+        self._first = first
+        self._chunks = chunks
+        self._meter = meter
+        self._attempt = attempt
+        self._clock = clock
+        self._release = release
+        self._on_finish = on_finish
+        self._client_gone = False
+
+    async def __call__(self, scope: Any, receive: Receive, send: Send) -> None:
+        watcher = asyncio.get_running_loop().create_task(
+            self._watch_disconnect(receive, asyncio.current_task())
+        )
+        try:
+            await send({"type": "http.response.start", "status": 200, "headers": self._headers})
+            await send({"type": "http.response.body", "body": self._first, "more_body": True})
+            await self._relay(send)
+        except asyncio.CancelledError:
+            current = asyncio.current_task()
+            if not self._client_gone or current is None:
+                raise
+            current.uncancel()  # the client went away: a normal end, not an application error
+            self._attempt.status = "cancelled"
+        finally:
+            watcher.cancel()
+            self._release()
+            self._meter.finish(self._clock())
+            self._on_finish()
+
+    async def _relay(self, send: Send) -> None:
+        meter, clock = self._meter, self._clock
+        try:
+            async for data in self._chunks:
+                out = meter.feed(data, clock())
+                if out:
+                    await send({"type": "http.response.body", "body": out, "more_body": True})
+            if not meter.done:
+                raise AttemptFailure("dropped", "upstream closed the stream before it finished")
+        except AttemptFailure as failure:
+            self._attempt.status = "timeout" if failure.kind == "timeout" else "dropped"
+            self._attempt.error = failure.message
+            code = "upstream_timeout" if failure.kind == "timeout" else "upstream_stream_broken"
+            await send(
+                {"type": "http.response.body", "body": error_event(failure.message, code), "more_body": True}
+            )
+        await send({"type": "http.response.body", "body": b"", "more_body": False})
+
+    async def _watch_disconnect(self, receive: Receive, relay_task: asyncio.Task[Any] | None) -> None:
+        while True:
+            message = await receive()
+            if message["type"] == "http.disconnect":
+                if relay_task is not None and not relay_task.done():
+                    self._client_gone = True
+                    relay_task.cancel()
+                return

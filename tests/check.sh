@@ -1,0 +1,30 @@
+#!/usr/bin/env bash
+# The one command that installs what the checks need and runs every one of them:
+# format, lint, types, tests. CI (.ci/run) calls exactly this; so can you: `bash tests/check.sh`.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+export LITELLM_LOCAL_MODEL_COST_MAP=True  # litellm must never fetch its price map from the network
+export PIP_DISABLE_PIP_VERSION_CHECK=1
+
+step() { printf '\n== %s\n' "$*"; }
+
+step "python environment (.venv)"
+if [ ! -x .venv/bin/python ]; then
+  python3 -m venv .venv
+fi
+.venv/bin/python -m pip install --quiet --upgrade pip 2>&1 | grep -v '^WARNING: Location' || true
+.venv/bin/python -m pip install --quiet -e '.[dev]' 2>&1 | grep -v '^WARNING: Location' || true
+.venv/bin/python -c 'import gateway.cli, litellm, openai' >/dev/null
+
+step "format (ruff format --check)"
+.venv/bin/ruff format --check gateway tests bench
+
+step "lint (ruff check)"
+.venv/bin/ruff check gateway tests bench
+
+step "types (mypy --strict)"
+.venv/bin/mypy
+
+step "tests (pytest)"
+.venv/bin/pytest "$@"

@@ -1,0 +1,131 @@
+"""Fixtures that start real servers: the three upstream emulators and the gateway, on loopback ports."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+import pytest
+from gateway.policy.reload import PolicyHolder
+
+from gateway.app import create_app
+from gateway.emulator import create_emulator_app
+from gateway.runtime import Runtime
+from tests.servers import ThreadedServer, threaded_server
+
+os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
+
+# Emulated time runs 50x faster than real time: a 1 s TTFT takes 20 ms.
+TIME_SCALE = 0.02
+PAID_KEY = "paid-backend-secret"
+
+
+@dataclass
+class Upstreams:
+    vllm: ThreadedServer
+    llamacpp: ThreadedServer
+    paid: ThreadedServer
+
+    def all(self) -> dict[str, ThreadedServer]:
+        return {"b300-vllm": self.vllm, "a100-llamacpp": self.llamacpp, "paid-api": self.paid}
+
+    def reset(self) -> None:
+        for server in self.all().values():
+            httpx.delete(server.url + "/emulator/faults")
+            httpx.delete(server.url + "/emulator/requests")
+
+
+@pytest.fixture(scope="session")
+def upstreams() -> Iterator[Upstreams]:
+    os.environ["EMULATOR_API_KEY"] = PAID_KEY
+    paid_app = create_emulator_app("paid-api", time_scale=TIME_SCALE)
+    del os.environ["EMULATOR_API_KEY"]
+    with (
+        threaded_server(create_emulator_app("b300-vllm", time_scale=TIME_SCALE)) as vllm,
+        threaded_server(create_emulator_app("a100-llamacpp", time_scale=TIME_SCALE)) as llamacpp,
+        threaded_server(paid_app) as paid,
+    ):
+        yield Upstreams(vllm, llamacpp, paid)
+
+
+def policy_yaml(up: Upstreams, routes: str | None = None) -> str:
+    """A policy over the emulators; ``routes`` replaces the default routes section."""
+    default_routes = """
+  kimi-k3:
+    backends: [b300-vllm, paid-api, a100-llamacpp]
+  vllm-only:
+    backends: [b300-vllm]
+  llamacpp-only:
+    backends: [a100-llamacpp]
+    fallback: {max_attempts: 1}
+  paid-only:
+    backends: [paid-api]
+"""
+    return f"""
+backends:
+  b300-vllm:
+    dialect: vllm
+    url: {up.vllm.url}/v1
+    model: moonshotai/Kimi-K3
+    thinking: mandatory
+    pricing: {{gpu_hours: {{usd_per_hour: 62.93, accounting: marginal}}}}
+    signals: {{metrics_url: {up.vllm.url}/metrics, health_url: {up.vllm.url}/health}}
+    timeouts: {{first_byte_s: 5, idle_s: 2}}
+  a100-llamacpp:
+    dialect: llamacpp
+    url: {up.llamacpp.url}/v1
+    model: kimi-k3-ud-iq1_s
+    thinking: mandatory
+    max_concurrency: 4
+    pricing: {{gpu_hours: {{usd_per_hour: 20.09}}}}
+    signals:
+      metrics_url: {up.llamacpp.url}/metrics
+      slots_url: {up.llamacpp.url}/slots
+      health_url: {up.llamacpp.url}/health
+    timeouts: {{first_byte_s: 5, idle_s: 2}}
+  paid-api:
+    dialect: openai
+    url: {up.paid.url}/v1
+    model: kimi-k3
+    api_key_env: TEST_PAID_API_KEY
+    thinking: mandatory
+    pricing:
+      per_token: {{input_usd_per_mtok: 0.6, cached_input_usd_per_mtok: 0.15, output_usd_per_mtok: 15}}
+    timeouts: {{first_byte_s: 5, idle_s: 2}}
+routes:{routes or default_routes}
+"""
+
+
+@dataclass
+class Gateway:
+    server: ThreadedServer
+    policy_path: Path
+
+    @property
+    def url(self) -> str:
+        return self.server.url
+
+    @property
+    def base_url(self) -> str:
+        return self.server.url + "/v1"
+
+    @property
+    def runtime(self) -> Runtime:
+        runtime: Runtime = self.server.server.config.app.state.runtime  # type: ignore[attr-defined]
+        return runtime
+
+
+@pytest.fixture
+def gateway(upstreams: Upstreams, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Gateway]:
+    upstreams.reset()
+    monkeypatch.setenv("TEST_PAID_API_KEY", PAID_KEY)
+    path = tmp_path / "policy.yaml"
+    path.write_text(policy_yaml(upstreams))
+    holder = PolicyHolder(path)
+    app = create_app(lambda: Runtime(holder))
+    with threaded_server(app) as server:
+        yield Gateway(server, path)
+    upstreams.reset()
