@@ -1,0 +1,106 @@
+"""What a request costs: per-token prices, GPU-hour pools spread over measured throughput, and the
+expected cost of a request before it is sent (from predicted output length, thinking included).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from types import MappingProxyType
+
+from gateway.observation import Usage
+from gateway.policy.compiled import CompiledBackend
+from gateway.policy.schema import Thinking
+from gateway.stats import BackendView
+
+SECONDS_PER_HOUR = 3600.0
+TOKENS_PER_MTOK = 1e6
+
+# Output tokens expected before any history: a mandatory-thinking model reasons at length first.
+PRIOR_OUTPUT_TOKENS: Mapping[Thinking, float] = MappingProxyType(
+    {"mandatory": 1000.0, "optional": 400.0, "none": 400.0}
+)
+
+
+@dataclass(frozen=True, slots=True)
+class Cost:
+    usd: float
+    basis: str  # "per_token", "gpu_hours_amortized" or "gpu_hours_unmeasured"
+
+
+def pool_tokens_per_s(backend: CompiledBackend, aggregate_tokens_per_s: float | None) -> float | None:
+    """Measured aggregate output tokens/s of a GPU-hour pool, else the policy's assumption."""
+    if aggregate_tokens_per_s is not None and aggregate_tokens_per_s > 0:
+        return aggregate_tokens_per_s
+    return backend.pool_price.assumed_tokens_per_s if backend.pool_price is not None else None
+
+
+def attempt_cost(backend: CompiledBackend, usage: Usage, aggregate_tokens_per_s: float | None) -> Cost:
+    """The cost of one finished attempt; reasoning tokens are part of completion tokens, billed once.
+
+    A GPU-hour pool charges the attempt its time share of the pool: the hour's price times the
+    seconds the pool, at its measured aggregate speed, spent producing this attempt's tokens.
+    """
+    prices = backend.token_prices
+    if prices is not None:
+        cached = min(usage.cached_prompt_tokens, usage.prompt_tokens)
+        reasoning = min(usage.reasoning_tokens, usage.completion_tokens)
+        usd = (
+            (usage.prompt_tokens - cached) * prices.input
+            + cached * prices.cached_input
+            + (usage.completion_tokens - reasoning) * prices.output
+            + reasoning * prices.reasoning
+        )
+        return Cost(usd, "per_token")
+    pool = backend.pool_price
+    if pool is None:
+        raise ValueError(f"backend {backend.name!r} has no price")
+    tokens_per_s = pool_tokens_per_s(backend, aggregate_tokens_per_s)
+    if tokens_per_s is None:
+        # Nothing measured and nothing assumed: the ledger's idle remainder will hold this spend.
+        return Cost(0.0, "gpu_hours_unmeasured")
+    return Cost(
+        pool.usd_per_hour / SECONDS_PER_HOUR * usage.completion_tokens / tokens_per_s, "gpu_hours_amortized"
+    )
+
+
+def effective_usd_per_mtok(backend: CompiledBackend, aggregate_tokens_per_s: float | None) -> float | None:
+    """USD per 1M output tokens: the list price, or a pool's hourly price over its live throughput."""
+    if backend.token_prices is not None:
+        return backend.token_prices.output * TOKENS_PER_MTOK
+    pool = backend.pool_price
+    tokens_per_s = pool_tokens_per_s(backend, aggregate_tokens_per_s)
+    if pool is None or tokens_per_s is None:
+        return None
+    return pool.usd_per_hour / (tokens_per_s * SECONDS_PER_HOUR) * TOKENS_PER_MTOK
+
+
+def predict_output_tokens(thinking: Thinking, learned: float | None, max_tokens: int | None) -> float:
+    """Completion tokens to expect: the learned mean for this route and backend, else a prior,
+    never more than the request allows."""
+    predicted = learned if learned is not None else PRIOR_OUTPUT_TOKENS[thinking]
+    return min(predicted, float(max_tokens)) if max_tokens is not None else predicted
+
+
+def expected_cost(
+    backend: CompiledBackend,
+    view: BackendView,
+    prompt_tokens: int,
+    predicted_output_tokens: float,
+    marginal_headroom: bool,
+) -> float | None:
+    """Expected USD of sending a request to ``backend`` now; None when it cannot be known yet.
+
+    With marginal accounting a pool that has SLO-safe headroom costs nothing more: its hour is paid.
+    """
+    prices = backend.token_prices
+    if prices is not None:
+        # The split between reasoning and answer is unknown before sending: price it all as output.
+        return prompt_tokens * prices.input + predicted_output_tokens * prices.output
+    pool = backend.pool_price
+    if pool is None:
+        return None
+    if pool.accounting == "marginal" and marginal_headroom:
+        return 0.0
+    per_mtok = effective_usd_per_mtok(backend, view.aggregate_tokens_per_s)
+    return None if per_mtok is None else predicted_output_tokens * per_mtok / TOKENS_PER_MTOK

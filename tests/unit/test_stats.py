@@ -1,0 +1,172 @@
+"""Live stats in virtual time: decayed quantiles, speeds, concurrency, rates and cheap cached views."""
+
+from __future__ import annotations
+
+import pytest
+
+from gateway.signals import LoadSignals
+from gateway.stats import DecayedMean, DecayedSamples, LiveStats
+from tests.unit.factories import FakeClock, attempt, serve
+
+
+def test_quantiles_of_equally_fresh_samples() -> None:
+    samples = DecayedSamples(window=256, half_life_s=60.0)
+    for value in range(1, 101):
+        samples.add(0.0, float(value))
+    assert samples.quantiles(0.5, 0.95) == (50.0, 95.0)
+
+
+def test_window_keeps_only_the_latest_samples() -> None:
+    samples = DecayedSamples(window=256, half_life_s=1e9)
+    for value in range(300):
+        samples.add(float(value), 1000.0 if value < 44 else 1.0)
+    assert len(samples) == 256
+    assert samples.quantiles(1.0) == (1.0,)  # the 44 slow ones were pushed out
+
+
+def test_quantiles_forget_old_samples_as_time_passes() -> None:
+    samples = DecayedSamples(window=256, half_life_s=60.0)
+    for i in range(50):
+        samples.add(float(i), 10.0)  # slow, long ago
+    fresh = samples.quantiles(0.95)
+    for i in range(50):
+        samples.add(600.0 + i, 1.0)  # fast, ten half-lives later
+    later = samples.quantiles(0.95)
+    assert fresh == (10.0,) and later == (1.0,)
+
+
+def test_decayed_mean_leans_to_recent_values() -> None:
+    mean = DecayedMean(half_life_s=10.0)
+    mean.add(0.0, 100.0)
+    mean.add(10.0, 0.0)
+    assert mean.value == pytest.approx(100 * 0.5 / 1.5)
+
+
+def test_live_ttft_quantiles_recover_after_a_bad_spell() -> None:
+    clock = FakeClock()
+    stats = LiveStats(clock)
+    for _ in range(40):
+        serve(stats, clock, "b300", ttft_s=5.0)
+    assert stats.view("b300").ttft_p95_s == pytest.approx(5.0)
+    for _ in range(40):  # the same number of good ones, minutes later
+        clock.advance(10.0)
+        serve(stats, clock, "b300", ttft_s=0.9, first_answer_s=20.0)
+    clock.advance(1.0)
+    view = stats.view("b300")
+    assert view.ttft_p95_s == pytest.approx(0.9)
+    assert view.first_answer_p95_s == pytest.approx(20.0)
+    assert view.samples == 80
+
+
+def test_decode_speed_and_aggregate_throughput_of_concurrent_streams() -> None:
+    clock = FakeClock()
+    stats = LiveStats(clock)
+    for _ in range(3):  # four overlapping streams, each decoding at 40 tokens/s
+        tickets = [stats.attempt_started("b300") for _ in range(4)]
+        started = clock.now
+        clock.advance(10.0)
+        for ticket in tickets:
+            done = attempt("b300", started, ttft_s=1.0, completion_tokens=361, tokens_per_s=40.0)
+            stats.attempt_finished(ticket, done, "kimi-k3")
+        clock.advance(5.0)  # idle stretches do not dilute the concurrency while busy
+    view = stats.view("b300")
+    assert view.decode_tokens_per_s == pytest.approx(40.0)
+    assert view.busy_concurrency == pytest.approx(4.0)
+    assert view.aggregate_tokens_per_s == pytest.approx(160.0)
+
+
+def test_other_clients_on_the_pool_count_through_load_signals() -> None:
+    clock = FakeClock()
+    stats = LiveStats(clock)
+    serve(stats, clock, "b300", tokens_per_s=30.0)
+    stats.update_signals("b300", LoadSignals(scraped_at=clock.now, running=8, waiting=0))
+    clock.advance(1.0)
+    view = stats.view("b300")
+    assert view.busy_concurrency == pytest.approx(8.0)
+    assert view.aggregate_tokens_per_s == pytest.approx(240.0)
+    assert view.signals is not None and view.signals.running == 8
+
+
+def test_a_full_llama_cpp_server_caps_concurrency_at_its_slots() -> None:
+    clock = FakeClock()
+    stats = LiveStats(clock)
+    stats.update_signals("a100", LoadSignals(scraped_at=clock.now, running=4, slots_total=1))
+    serve(stats, clock, "a100", tokens_per_s=9.0)
+    assert stats.view("a100").aggregate_tokens_per_s == pytest.approx(9.0)
+
+
+def test_inflight_integral_gives_average_concurrency_over_any_interval() -> None:
+    clock = FakeClock()
+    stats = LiveStats(clock)
+    first = stats.attempt_started("b300")
+    before = stats.inflight_seconds("b300")
+    clock.advance(2.0)
+    second = stats.attempt_started("b300")
+    clock.advance(2.0)
+    assert stats.view("b300").inflight == 2
+    stats.attempt_finished(first, attempt("b300", clock.now - 4.0), "kimi-k3")
+    stats.attempt_finished(second, attempt("b300", clock.now - 2.0), "kimi-k3")
+    clock.advance(4.0)
+    average = (stats.inflight_seconds("b300") - before) / 8.0
+    assert average == pytest.approx((1 * 2 + 2 * 2) / 8.0)
+    assert stats.view("b300").inflight == 0
+
+
+def test_error_and_timeout_rates_and_timeouts_count_as_slow() -> None:
+    clock = FakeClock()
+    stats = LiveStats(clock, half_life_s=1e9)  # no decay: plain shares
+    for _ in range(6):
+        serve(stats, clock, "a100", ttft_s=8.0)
+    for _ in range(2):
+        serve(stats, clock, "a100", ttft_s=None, status="timeout", failed_after_s=120.0)
+    for _ in range(2):
+        serve(stats, clock, "a100", status="upstream_error", http_status=502)
+    serve(stats, clock, "a100", status="upstream_error", http_status=400)  # the client's fault
+    view = stats.view("a100")
+    assert view.error_rate == pytest.approx(4 / 11, rel=0.05)
+    assert view.timeout_rate == pytest.approx(2 / 11, rel=0.05)
+    assert view.ttft_p95_s == pytest.approx(120.0)  # a timeout is at least this slow
+
+
+def test_views_are_cached_until_something_changes() -> None:
+    clock = FakeClock()
+    stats = LiveStats(clock)
+    serve(stats, clock, "b300")
+    first = stats.view("b300")
+    assert stats.view("b300") is first
+    clock.advance(60.0)
+    assert stats.view("b300") is first  # time alone changes nothing measured
+    stats.set_health("b300", False, booting=True)
+    booting = stats.view("b300")
+    assert booting is not first and booting.booting and not stats.allows_request("b300")
+
+
+def test_quantiles_are_recomputed_at_most_every_refresh_interval() -> None:
+    clock = FakeClock()
+    stats = LiveStats(clock, refresh_s=0.1)
+    serve(stats, clock, "b300", ttft_s=1.0)
+    assert stats.view("b300").samples == 1  # the first sample shows at once
+    ticket = stats.attempt_started("b300")
+    stats.attempt_finished(ticket, attempt("b300", clock.now - 2.0, ttft_s=2.0), "kimi-k3")
+    assert stats.view("b300").samples == 1
+    clock.advance(0.1)
+    view = stats.view("b300")
+    assert view.samples == 2 and view.ttft_p95_s == pytest.approx(2.0)
+
+
+def test_stale_load_signals_are_dropped_from_views() -> None:
+    clock = FakeClock()
+    stats = LiveStats(clock, signals_stale_after_s=5.0)
+    stats.update_signals("b300", LoadSignals(scraped_at=clock.now, running=3, waiting=7))
+    assert stats.view("b300").signals is not None
+    clock.advance(5.0)
+    assert stats.view("b300").signals is None
+
+
+def test_snapshot_covers_asked_backends_including_never_seen_ones() -> None:
+    clock = FakeClock()
+    stats = LiveStats(clock)
+    serve(stats, clock, "b300")
+    snapshot = stats.snapshot(["b300", "api"])
+    assert set(snapshot) == {"b300", "api"}
+    assert snapshot["b300"].samples == 1 and snapshot["api"].samples == 0
