@@ -9,7 +9,17 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from gateway.policy.schema import Accounting, Dialect, Fallback, Objective, Signals, Slo, Thinking, Timeouts, WhenInfeasible
+from gateway.policy.schema import (
+    Accounting,
+    Dialect,
+    Fallback,
+    Objective,
+    Signals,
+    Slo,
+    Thinking,
+    Timeouts,
+    WhenInfeasible,
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -45,6 +55,9 @@ class CompiledBackend:
     signals: Signals
     timeouts: Timeouts
     api_key: str | None = field(default=None, repr=False)  # never printed, never logged
+    # Where the price came from, for people reading `gateway check` or an explanation:
+    # "per_token", "gpu_hours" or "litellm:<model>" (a lookup in litellm's bundled price map).
+    price_source: str = ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -66,3 +79,5 @@ class CompiledPolicy:
     backends: Mapping[str, CompiledBackend]
     routes: Mapping[str, CompiledRoute]
     max_body_bytes: int
+    # Non-fatal findings (e.g. an api_key_env that is not set), one "file:line:col path: message" each.
+    warnings: tuple[str, ...] = ()
