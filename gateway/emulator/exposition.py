@@ -1,0 +1,172 @@
+"""Load signals as each dialect exposes them: Prometheus text for ``/metrics`` and llama.cpp's ``/slots``.
+
+Hand-written in the shape each server prints, so scrapers meet the names, types and labels of production.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable
+from typing import Any
+
+from gateway.emulator.engine import Engine
+
+Sample = tuple[str, dict[str, str], float]  # (name suffix, labels, value)
+
+
+def metrics_text(engine: Engine) -> str:
+    dialect = engine.profile.dialect
+    if dialect == "vllm":
+        return _vllm_metrics(engine)
+    if dialect == "llamacpp":
+        return _llamacpp_metrics(engine)
+    return _paid_metrics(engine)
+
+
+def slots_json(engine: Engine) -> list[dict[str, Any]]:
+    """llama-server's /slots: one object per slot, with the current or previous task's progress."""
+    slots: list[dict[str, Any]] = []
+    for seat, (current, previous) in enumerate(engine.seats()):
+        slot: dict[str, Any] = {
+            "id": seat,
+            "n_ctx": engine.profile.context_tokens,
+            "speculative": False,
+            "is_processing": current is not None,
+        }
+        task = current or previous
+        if task is None:
+            slot["n_past"] = 0
+            slots.append(slot)
+            continue
+        plan = task.plan
+        slot.update(
+            n_past=plan.prompt_tokens + task.emitted,
+            id_task=task.task_id,
+            n_prompt_tokens=plan.prompt_tokens,
+            n_prompt_tokens_processed=plan.prompt_tokens - plan.cached_tokens,
+            n_prompt_tokens_cache=plan.cached_tokens,
+            params={"n_predict": plan.total_tokens, "stream": True},
+            next_token=[
+                {
+                    "has_next_token": current is not None and task.emitted < plan.total_tokens,
+                    "has_new_line": False,
+                    "n_remain": plan.total_tokens - task.emitted,
+                    "n_decoded": task.emitted,
+                }
+            ],
+        )
+        slots.append(slot)
+    return slots
+
+
+def _vllm_metrics(engine: Engine) -> str:
+    labels = {"engine": "0", "model_name": engine.profile.model}
+    totals = engine.totals
+    capacity = engine.profile.kv_capacity_tokens
+    kv_usage = min(1.0, engine.kv_tokens() / capacity) if capacity else 0.0
+    ttft = totals.ttft
+    buckets: list[Sample] = [
+        ("_bucket", {**labels, "le": _number(bound)}, float(count))
+        for bound, count in zip(ttft.bounds, ttft.cumulative(), strict=True)
+    ]
+    buckets.append(("_bucket", {**labels, "le": "+Inf"}, float(ttft.count)))
+    buckets += [("_count", labels, float(ttft.count)), ("_sum", labels, ttft.total)]
+    return "".join(
+        [
+            _family("vllm:num_requests_running", "gauge", "Number of requests in model execution batches.",
+                    [("", labels, engine.running)]),
+            _family("vllm:num_requests_waiting", "gauge", "Number of requests waiting to be processed.",
+                    [("", labels, engine.waiting)]),
+            _family("vllm:kv_cache_usage_perc", "gauge", "KV-cache usage. 1 means 100 percent usage.",
+                    [("", labels, kv_usage)]),
+            _family("vllm:prompt_tokens_total", "counter", "Number of prefill tokens processed.",
+                    [("", labels, totals.prompt_tokens)]),
+            _family("vllm:generation_tokens_total", "counter", "Number of generation tokens processed.",
+                    [("", labels, totals.generation_tokens)]),
+            _family("vllm:request_success_total", "counter", "Count of successfully processed requests.",
+                    [("", labels, totals.completed)]),
+            _family("vllm:time_to_first_token_seconds", "histogram",
+                    "Histogram of time to first token in seconds.", buckets),
+        ]
+    )  # fmt: skip
+
+
+def _llamacpp_metrics(engine: Engine) -> str:
+    totals = engine.totals
+    prompt_bucket, generation_bucket = engine.take_throughput_buckets()
+    kv_tokens = engine.kv_tokens()
+    capacity = engine.profile.kv_capacity_tokens
+    counters = [
+        ("prompt_tokens_total", "Number of prompt tokens processed.",
+         totals.prompt_tokens - totals.cached_prompt_tokens),
+        ("prompt_seconds_total", "Prompt process time", totals.prompt_seconds),
+        ("tokens_predicted_total", "Number of generation tokens processed.", totals.generation_tokens),
+        ("tokens_predicted_seconds_total", "Predict process time", totals.generation_seconds),
+    ]  # fmt: skip
+    gauges = [
+        ("prompt_tokens_seconds", "Average prompt throughput in tokens/s.", prompt_bucket.per_second()),
+        (
+            "predicted_tokens_seconds",
+            "Average generation throughput in tokens/s.",
+            generation_bucket.per_second(),
+        ),
+        ("kv_cache_usage_ratio", "KV-cache usage. 1 means 100 percent usage.", kv_tokens / capacity),
+        ("kv_cache_tokens", "KV-cache tokens.", kv_tokens),
+        ("requests_processing", "Number of requests processing.", engine.running),
+        ("requests_deferred", "Number of requests deferred.", engine.waiting),
+    ]
+    # llama-server prints values through a C++ stream: six significant digits, no trailing ".0".
+    lines = [
+        _family("llamacpp:" + name, "counter", text, [("", {}, value)], _cpp)
+        for name, text, value in counters
+    ]
+    lines += [
+        _family("llamacpp:" + name, "gauge", text, [("", {}, value)], _cpp) for name, text, value in gauges
+    ]
+    return "".join(lines)
+
+
+def _paid_metrics(engine: Engine) -> str:
+    # Paid APIs expose no metrics; these describe the emulator itself, for demos and debugging.
+    totals = engine.totals
+    return "".join(
+        [
+            _family("emulator:requests_running", "gauge", "Requests being answered.",
+                    [("", {}, engine.running)]),
+            _family("emulator:requests_total", "counter", "Requests accepted.", [("", {}, totals.requests)]),
+            _family("emulator:prompt_tokens_total", "counter", "Prompt tokens received.",
+                    [("", {}, totals.prompt_tokens)]),
+            _family("emulator:generation_tokens_total", "counter", "Tokens generated.",
+                    [("", {}, totals.generation_tokens)]),
+        ]
+    )  # fmt: skip
+
+
+def _family(name: str, kind: str, help_text: str, samples: Iterable[Sample], fmt: Any = None) -> str:
+    render = fmt or _number
+    lines = [f"# HELP {name} {help_text}\n", f"# TYPE {name} {kind}\n"]
+    for suffix, labels, value in samples:
+        lines.append(f"{name}{suffix}{_labels(labels)} {render(value)}\n")
+    return "".join(lines)
+
+
+def _labels(labels: dict[str, str]) -> str:
+    if not labels:
+        return ""
+    pairs = (f'{key}="{_escape(value)}"' for key, value in sorted(labels.items()))
+    return "{" + ",".join(pairs) + "}"
+
+
+def _escape(value: str) -> str:
+    return value.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
+
+
+def _number(value: float) -> str:
+    value = float(value)
+    if math.isinf(value):
+        return "+Inf" if value > 0 else "-Inf"
+    return repr(value)
+
+
+def _cpp(value: float) -> str:
+    return f"{float(value):.6g}"

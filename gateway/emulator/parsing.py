@@ -1,0 +1,102 @@
+"""What the emulator reads from a completion request body: prompt text and size, output limit, stream options.
+
+As lenient as the servers it imitates, and strict where they are (``stream_options`` without ``stream``).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from gateway.emulator.prefix_cache import CHARS_PER_TOKEN
+
+Endpoint = Literal["chat", "completions"]
+
+
+class BadRequest(ValueError):
+    """The body is not a request this endpoint accepts; answered with a 400 in the dialect's shape."""
+
+
+@dataclass(frozen=True, slots=True)
+class CompletionRequest:
+    endpoint: Endpoint
+    model: str | None
+    prompt_text: str
+    prompt_tokens: int
+    max_tokens: int | None
+    stream: bool
+    include_usage: bool
+    continuous_usage_stats: bool
+
+
+def parse_completion_request(
+    body: Any, endpoint: Endpoint, *, strict_stream_options: bool
+) -> CompletionRequest:
+    if not isinstance(body, dict):
+        raise BadRequest("Request body must be a JSON object.")
+    if endpoint == "chat":
+        text = _messages_text(body.get("messages"))
+        prompt_tokens = math.ceil(len(text) / CHARS_PER_TOKEN)
+    else:
+        text, prompt_tokens = _prompt_text(body.get("prompt"))
+    stream = body.get("stream")
+    if stream is not None and not isinstance(stream, bool):
+        raise BadRequest("'stream' must be a boolean.")
+    options = body.get("stream_options")
+    if options is not None and not isinstance(options, dict):
+        raise BadRequest("'stream_options' must be an object.")
+    if options and not stream and strict_stream_options:
+        raise BadRequest("Stream options can only be defined when `stream=True`.")
+    options = options or {}
+    model = body.get("model")
+    return CompletionRequest(
+        endpoint=endpoint,
+        model=model if isinstance(model, str) else None,
+        prompt_text=text,
+        prompt_tokens=prompt_tokens,
+        max_tokens=_max_tokens(body, endpoint),
+        stream=bool(stream),
+        include_usage=bool(stream) and options.get("include_usage") is True,
+        continuous_usage_stats=bool(stream) and options.get("continuous_usage_stats") is True,
+    )
+
+
+def _messages_text(messages: Any) -> str:
+    if not isinstance(messages, list) or not messages:
+        raise BadRequest("'messages' is required and must be a non-empty array.")
+    parts: list[str] = []
+    for i, message in enumerate(messages):
+        if not isinstance(message, dict) or not isinstance(message.get("role"), str):
+            raise BadRequest(f"messages[{i}] must be an object with a 'role'.")
+        content = message.get("content")
+        if isinstance(content, str):
+            parts.append(content)
+        elif isinstance(content, list):
+            parts.extend(p["text"] for p in content if isinstance(p, dict) and isinstance(p.get("text"), str))
+        elif content is not None:
+            raise BadRequest(f"messages[{i}].content must be a string or an array of content parts.")
+    return "".join(parts)
+
+
+def _prompt_text(prompt: Any) -> tuple[str, int]:
+    if isinstance(prompt, str):
+        return prompt, math.ceil(len(prompt) / CHARS_PER_TOKEN)
+    if isinstance(prompt, list) and prompt and all(isinstance(p, str) for p in prompt):
+        text = "".join(prompt)
+        return text, math.ceil(len(text) / CHARS_PER_TOKEN)
+    if isinstance(prompt, list) and prompt and all(type(p) is int for p in prompt):
+        return " ".join(map(str, prompt)), len(prompt)  # token ids: one token each
+    raise BadRequest("'prompt' is required: a string, an array of strings or an array of token ids.")
+
+
+def _max_tokens(body: dict[str, Any], endpoint: Endpoint) -> int | None:
+    names = ("max_completion_tokens", "max_tokens") if endpoint == "chat" else ("max_tokens",)
+    for name in names:
+        value = body.get(name)
+        if value is None:
+            continue
+        if type(value) is not int or value < 1:
+            raise BadRequest(f"'{name}' must be a positive integer.")
+        return value
+    return None

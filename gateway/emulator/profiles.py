@@ -1,0 +1,111 @@
+"""Performance profiles of the emulated upstreams, from the published figures in DESIGN.md section 2.
+
+A profile is data plus two formulas (time to first token, per-stream decode speed); durations are emulated.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from dataclasses import dataclass
+from typing import Literal
+
+DialectName = Literal["vllm", "llamacpp", "openai"]
+
+
+@dataclass(frozen=True, slots=True)
+class Profile:
+    name: str
+    dialect: DialectName
+    model: str
+    owned_by: str
+    # Time to first token with an empty queue: uniform in [ttft_min_s, ttft_max_s] ...
+    ttft_min_s: float
+    ttft_max_s: float
+    # ... plus prompt processing for the uncached prompt tokens, capped (llama.cpp's slow prefill).
+    prefill_s_per_token: float
+    prefill_cap_s: float
+    # Per-stream decode speed with one stream running; with n running it is tokens_per_s * n ** -exponent,
+    # so aggregate throughput grows as n ** (1 - exponent).
+    tokens_per_s: float
+    batching_exponent: float
+    max_running: int | None  # vLLM max_num_seqs or llama.cpp slots; None means unlimited
+    reasoning_tokens: int
+    content_tokens: int
+    cold_boot_s: float
+    context_tokens: int  # per sequence (per slot for llama.cpp)
+    kv_capacity_tokens: int  # the whole KV cache, for the usage gauges
+    cache_block_tokens: int  # prefix-cache granularity; 0 means no prefix cache
+
+    def ttft_s(self, uncached_prompt_tokens: int, rng: random.Random) -> float:
+        prefill = min(self.prefill_cap_s, uncached_prompt_tokens * self.prefill_s_per_token)
+        return rng.uniform(self.ttft_min_s, self.ttft_max_s) + prefill
+
+    def per_stream_tokens_per_s(self, running: int) -> float:
+        return self.tokens_per_s * math.pow(max(1, running), -self.batching_exponent)
+
+
+def _build_profiles() -> dict[str, Profile]:
+    b300 = Profile(
+        name="b300-vllm",
+        dialect="vllm",
+        model="moonshotai/Kimi-K3",
+        owned_by="vllm",
+        ttft_min_s=0.92,
+        ttft_max_s=1.02,
+        prefill_s_per_token=0.0,
+        prefill_cap_s=0.0,
+        tokens_per_s=92.0,
+        batching_exponent=0.25,
+        max_running=64,
+        reasoning_tokens=64,
+        content_tokens=32,
+        cold_boot_s=27 * 60.0,
+        context_tokens=262_144,
+        kv_capacity_tokens=4_194_304,
+        cache_block_tokens=16,
+    )
+    a100 = Profile(
+        name="a100-llamacpp",
+        dialect="llamacpp",
+        model="Kimi-K3-UD-IQ1_S",
+        owned_by="llamacpp",
+        ttft_min_s=7.0,
+        ttft_max_s=7.0,
+        # 53 s more at 8,000 prompt tokens, then no more: TTFT spans the measured 7-60 s.
+        prefill_s_per_token=53.0 / 8000.0,
+        prefill_cap_s=53.0,
+        tokens_per_s=9.0,
+        batching_exponent=0.5,
+        max_running=4,
+        reasoning_tokens=48,
+        content_tokens=32,
+        cold_boot_s=60.0,
+        context_tokens=32_768,
+        kv_capacity_tokens=4 * 32_768,
+        cache_block_tokens=1,
+    )
+    paid = Profile(
+        name="paid-api",
+        dialect="openai",
+        model="kimi-k3",
+        owned_by="moonshotai",
+        ttft_min_s=0.4,
+        ttft_max_s=0.6,
+        prefill_s_per_token=0.0,
+        prefill_cap_s=0.0,
+        tokens_per_s=80.0,
+        batching_exponent=0.0,
+        max_running=None,
+        reasoning_tokens=64,
+        content_tokens=32,
+        cold_boot_s=0.0,
+        context_tokens=262_144,
+        kv_capacity_tokens=0,
+        cache_block_tokens=128,
+    )
+    return {p.name: p for p in (b300, a100, paid)}
+
+
+# Immutable lookup table (profiles are frozen); the module holds no mutable state.
+PROFILES: dict[str, Profile] = _build_profiles()

@@ -1,0 +1,253 @@
+"""One emulated upstream and the lifecycle of a completion request through it.
+
+Checks in the order a deployment meets them: booting, API key, body, rate limit, injected faults, generation.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import random
+import time
+from collections.abc import AsyncGenerator, Callable
+from typing import Any
+
+import orjson
+from starlette.requests import Request
+from starlette.responses import Response
+
+from gateway.emulator.dialects import dialect_for, openai_error
+from gateway.emulator.engine import Engine, Generation, Plan
+from gateway.emulator.faults import Faults, RateLimiter, retry_after_headers
+from gateway.emulator.parsing import BadRequest, CompletionRequest, Endpoint, parse_completion_request
+from gateway.emulator.prefix_cache import PrefixCache
+from gateway.emulator.profiles import Profile
+from gateway.emulator.recording import RequestLog
+from gateway.emulator.replies import Abort, Part, Reply, Start
+from gateway.emulator.turn import Timings, Turn
+
+SSE_HEADERS = {"content-type": "text/event-stream; charset=utf-8", "cache-control": "no-cache"}
+JSON_TYPE = "application/json"
+BOOTING_MESSAGE = {
+    "vllm": "The server is starting up.",
+    "llamacpp": "Loading model",
+    "openai": "Service starting.",
+}
+
+
+class Emulator:
+    """Everything one emulated upstream shares across requests: engine, dialect, knobs, request log."""
+
+    def __init__(
+        self,
+        profile: Profile,
+        *,
+        time_scale: float,
+        cold_boot: bool,
+        seed: int,
+        clock: Callable[[], float],
+        api_key: str | None,
+    ) -> None:
+        self.profile = profile
+        self.rng = random.Random(seed)
+        self.engine = Engine(profile, time_scale=time_scale, clock=clock, rng=self.rng, cold_boot=cold_boot)
+        self.dialect = dialect_for(profile.dialect)
+        self.faults = Faults()
+        self.requests = RequestLog(clock)
+        self._limiter = RateLimiter()
+        self._prefix_cache = PrefixCache(profile.cache_block_tokens)
+        # Only the paid API checks keys, and only when EMULATOR_API_KEY was set at creation.
+        self._api_key = api_key if profile.dialect == "openai" else None
+
+    def set_faults(self, faults: Faults) -> None:
+        self.faults = faults
+        self.engine.set_slowdown(faults.slowdown)
+
+    def error_response(self, status: int, message: str) -> Response:
+        return json_response(self.dialect.error(status, message), status)
+
+    def refusal(self, request: Request) -> Response | None:
+        """The answer for any /v1 request this upstream cannot take yet: booting, or a wrong key."""
+        if self.engine.booting:
+            return self.error_response(503, BOOTING_MESSAGE[self.profile.dialect])
+        if self._api_key is not None and request.headers.get("authorization") != f"Bearer {self._api_key}":
+            return self.error_response(401, "Incorrect API key provided.")
+        return None
+
+    async def complete(
+        self, request: Request, endpoint: Endpoint, body: Any, body_error: str | None
+    ) -> Response:
+        refused = self.refusal(request)
+        if refused is not None:
+            return refused
+        if body_error is not None:
+            return self.error_response(400, body_error)
+        try:
+            parsed = parse_completion_request(
+                body, endpoint, strict_stream_options=self.profile.dialect != "llamacpp"
+            )
+        except BadRequest as exc:
+            return self.error_response(400, str(exc))
+        faults = self.faults
+        limited = self._rate_limited(faults)
+        if limited is not None:
+            return limited
+        if faults.error_rate > 0 and self.rng.random() < faults.error_rate:
+            return self.error_response(faults.error_status, "Injected fault (error_rate).")
+        if faults.hang:
+            return Reply(_hang())
+        if faults.drop_after_chunks is not None and not parsed.stream:
+            return Reply(_abort())
+        turn, plan = self._plan(parsed, faults)
+        generation = self.engine.generation(plan)
+        if parsed.stream:
+            return Reply(self._stream(turn, generation, faults.drop_after_chunks))
+        return Reply(self._whole(turn, generation))
+
+    def state(self) -> dict[str, Any]:
+        engine, totals = self.engine, self.engine.totals
+        per_stream = engine.per_stream_tokens_per_s()
+        return {
+            "profile": self.profile.name,
+            "dialect": self.profile.dialect,
+            "model": self.profile.model,
+            "time_scale": engine.time_scale,
+            "booting": engine.booting,
+            "running": engine.running,
+            "waiting": engine.waiting,
+            "max_running": self.profile.max_running,
+            # Emulated tokens per second (what the real hardware would do); real rates are these / time_scale.
+            "per_stream_tokens_per_s": per_stream,
+            "aggregate_tokens_per_s": per_stream * engine.running,
+            "totals": {
+                "requests": totals.requests,
+                "finished": totals.finished,
+                "completed": totals.completed,
+                "prompt_tokens": totals.prompt_tokens,
+                "cached_prompt_tokens": totals.cached_prompt_tokens,
+                "generation_tokens": totals.generation_tokens,
+            },
+        }
+
+    # -- steps ---------------------------------------------------------------------------------------
+
+    def _rate_limited(self, faults: Faults) -> Response | None:
+        limit = faults.rate_limit_rpm
+        wait_s = self._limiter.retry_after_s(self.engine.now(), limit)
+        if wait_s is None or limit is None:
+            return None
+        real_wait_s = self.engine.real_s(wait_s)
+        message = f"Rate limit reached: {limit} requests per min. Please try again in {real_wait_s:.3f}s."
+        return json_response(openai_error(429, message), 429, retry_after_headers(real_wait_s, limit))
+
+    def _plan(self, parsed: CompletionRequest, faults: Faults) -> tuple[Turn, Plan]:
+        profile = self.profile
+        reasoning = profile.reasoning_tokens if faults.reasoning_tokens is None else faults.reasoning_tokens
+        content = profile.content_tokens if faults.content_tokens is None else faults.content_tokens
+        finish_reason = "stop"
+        if parsed.max_tokens is not None and parsed.max_tokens < reasoning + content:
+            finish_reason = "length"
+            reasoning = min(reasoning, parsed.max_tokens)
+            content = parsed.max_tokens - reasoning
+        cached = self._prefix_cache.lookup_and_store(parsed.prompt_text, parsed.prompt_tokens)
+        is_vllm = profile.dialect == "vllm"
+        asked_continuous = parsed.include_usage and parsed.continuous_usage_stats
+        prefix = "chatcmpl" if parsed.endpoint == "chat" else "cmpl"
+        turn = Turn(
+            endpoint=parsed.endpoint,
+            id=f"{prefix}-{self.rng.getrandbits(128):032x}",
+            created=int(time.time()),
+            model=parsed.model or profile.model,
+            prompt_tokens=parsed.prompt_tokens,
+            cached_tokens=cached,
+            reasoning_tokens=reasoning,
+            content_tokens=content,
+            finish_reason=finish_reason,
+            include_usage=parsed.include_usage,
+            continuous_usage=is_vllm
+            and not faults.omit_stream_usage
+            and (faults.continuous_usage or asked_continuous),
+            omit_stream_usage=faults.omit_stream_usage,
+            reasoning_field=faults.reasoning_field,
+        )
+        plan = Plan(
+            prompt_tokens=parsed.prompt_tokens,
+            cached_tokens=cached,
+            reasoning_tokens=reasoning,
+            content_tokens=content,
+            extra_ttft_s=faults.added_ttft_ms / 1000.0,
+        )
+        return turn, plan
+
+    async def _stream(
+        self, turn: Turn, generation: Generation, drop_after: int | None
+    ) -> AsyncGenerator[Part, None]:
+        yield Start(200, SSE_HEADERS)
+        sent = 0
+        async with contextlib.aclosing(self._frames(turn, generation)) as frames:
+            async for frame in frames:
+                if drop_after is not None and sent >= drop_after:
+                    yield Abort()
+                    return
+                yield frame
+                sent += 1
+
+    async def _frames(self, turn: Turn, generation: Generation) -> AsyncGenerator[bytes, None]:
+        dialect = self.dialect
+        emitted = 0
+        async with contextlib.aclosing(self.engine.run(generation)) as bursts:
+            async for burst in bursts:
+                if emitted == 0:
+                    for frame in dialect.head(turn):
+                        yield _sse(frame)
+                for index in range(emitted, emitted + burst):
+                    yield _sse(dialect.token(turn, index))
+                emitted += burst
+        if emitted == 0:
+            for frame in dialect.head(turn):
+                yield _sse(frame)
+        for frame in dialect.tail(turn, self._timings(generation)):
+            yield _sse(frame)
+        yield b"data: [DONE]\n\n"
+
+    async def _whole(self, turn: Turn, generation: Generation) -> AsyncGenerator[Part, None]:
+        async with contextlib.aclosing(self.engine.run(generation)) as bursts:
+            async for _ in bursts:
+                pass
+        body = orjson.dumps(self.dialect.response(turn, self._timings(generation)))
+        yield Start(200, {"content-type": JSON_TYPE, "content-length": str(len(body))})
+        yield body
+
+    def _timings(self, generation: Generation) -> Timings:
+        plan = generation.plan
+        first, last = generation.first_token_at, generation.last_token_at
+        prompt_s = (
+            first - generation.admitted_at
+            if first is not None and generation.admitted_at is not None
+            else 0.0
+        )
+        predicted_s = last - first if last is not None and first is not None else 0.0
+        return Timings(
+            cache_n=plan.cached_tokens,
+            prompt_n=plan.prompt_tokens - plan.cached_tokens,
+            prompt_ms=prompt_s * 1000.0,
+            predicted_n=generation.emitted,
+            predicted_ms=predicted_s * 1000.0,
+        )
+
+
+def json_response(body: Any, status: int = 200, headers: dict[str, str] | None = None) -> Response:
+    return Response(orjson.dumps(body), status_code=status, headers=headers, media_type=JSON_TYPE)
+
+
+def _sse(frame: dict[str, Any]) -> bytes:
+    return b"data: " + orjson.dumps(frame) + b"\n\n"
+
+
+async def _hang() -> AsyncGenerator[Part, None]:
+    await asyncio.Event().wait()  # never set: the reply cancels this when the client goes away
+    yield Abort()
+
+
+async def _abort() -> AsyncGenerator[Part, None]:
+    yield Abort()
