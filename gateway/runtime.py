@@ -34,6 +34,13 @@ class PolicySource(Protocol):
     def current(self) -> CompiledPolicy: ...
 
 
+class NeverExplore(random.Random):
+    """A draw that never lands inside the exploration share: explain shows the policy's own choice."""
+
+    def random(self) -> float:
+        return 1.0
+
+
 class Runtime:
     def __init__(
         self,
@@ -90,9 +97,16 @@ class Runtime:
             "backends": backends,
         }
 
-    def decide(self, route: CompiledRoute, prompt_tokens: int, max_tokens: int | None, stream: bool) -> Decision:
+    def decide(
+        self, route: CompiledRoute, prompt_tokens: int, max_tokens: int | None, stream: bool
+    ) -> Decision:
         features = RequestFeatures(route.name, prompt_tokens, max_tokens, stream)
         return decide(features, route, self.policy, self.stats.snapshot(route.backends), self.rng)
+
+    def explain(self, route: CompiledRoute, prompt_tokens: int, max_tokens: int | None) -> Decision:
+        """The decision a request would get now, without the exploration draw and without sending it."""
+        features = RequestFeatures(route.name, prompt_tokens, max_tokens, True)
+        return decide(features, route, self.policy, self.stats.snapshot(route.backends), NeverExplore())
 
     def allows(self, backend: str) -> bool:
         """A fallback re-checks the circuit: it may have opened since the decision."""
@@ -114,7 +128,9 @@ class Runtime:
         self.stats.attempt_finished(ticket, attempt, observation.route)
         backend = self.policy.backends.get(attempt.backend)
         if attempt.usage is not None and backend is not None:
-            cost = attempt_cost(backend, attempt.usage, self.stats.view(attempt.backend).aggregate_tokens_per_s)
+            cost = attempt_cost(
+                backend, attempt.usage, self.stats.view(attempt.backend).aggregate_tokens_per_s
+            )
             observation.cost_usd = (observation.cost_usd or 0.0) + cost.usd
             observation.cost_basis = cost.basis
 

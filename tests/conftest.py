@@ -2,17 +2,20 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
-from collections.abc import Iterator
+import time
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
-from gateway.policy.reload import PolicyHolder
 
 from gateway.app import create_app
 from gateway.emulator import create_emulator_app
+from gateway.policy.reload import PolicyHolder
 from gateway.runtime import Runtime
 from tests.servers import ThreadedServer, threaded_server
 
@@ -118,14 +121,26 @@ class Gateway:
         return runtime
 
 
+@contextlib.contextmanager
+def running_gateway(policy_path: Path, **runtime_options: Any) -> Iterator[Gateway]:
+    """The gateway in-process on a loopback port, serving (and watching) ``policy_path``."""
+    holder = PolicyHolder(policy_path)
+    app = create_app(lambda: Runtime(holder, **runtime_options))
+    with threaded_server(app) as server:
+        yield Gateway(server, policy_path)
+
+
+def emulated_clock(time_scale: float) -> Callable[[], float]:
+    """The gateway's clock in the emulators' time: with time_scale 0.02 one real second is fifty."""
+    return lambda: time.monotonic() / time_scale
+
+
 @pytest.fixture
 def gateway(upstreams: Upstreams, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Gateway]:
     upstreams.reset()
     monkeypatch.setenv("TEST_PAID_API_KEY", PAID_KEY)
     path = tmp_path / "policy.yaml"
     path.write_text(policy_yaml(upstreams))
-    holder = PolicyHolder(path)
-    app = create_app(lambda: Runtime(holder))
-    with threaded_server(app) as server:
-        yield Gateway(server, path)
+    with running_gateway(path) as gateway:
+        yield gateway
     upstreams.reset()

@@ -1,13 +1,27 @@
-"""Operational endpoints: /health (the process is alive), /ready (it can serve), /admin/*."""
+"""Operational endpoints: /health (alive), /ready (can serve), /admin/* (explain, policy, backends).
+
+``/admin/explain`` runs the real decision on a hypothetical request without sending anything
+upstream, so "why would this go there?" has the same answer as the request path.
+"""
 
 from __future__ import annotations
+
+import asyncio
+from dataclasses import asdict
+from typing import Any
 
 from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
 from gateway.api.responses import json_response
+from gateway.errors import InvalidRequest, ModelNotFound
 from gateway.runtime import Runtime
+
+
+def runtime_of(request: Request) -> Runtime:
+    runtime: Runtime = request.app.state.runtime
+    return runtime
 
 
 async def health(request: Request) -> Response:
@@ -15,12 +29,90 @@ async def health(request: Request) -> Response:
 
 
 async def ready(request: Request) -> Response:
-    runtime: Runtime = request.app.state.runtime
-    report = await runtime.readiness()
+    report = await runtime_of(request).readiness()
     return json_response(report, status=200 if report["ready"] else 503)
+
+
+async def explain(request: Request) -> Response:
+    runtime = runtime_of(request)
+    policy = runtime.policy
+    model = request.query_params.get("model", "")
+    route = policy.routes.get(model)
+    if route is None:
+        raise ModelNotFound(
+            f"The model '{model[:200]}' does not exist. Known models: {', '.join(policy.routes)}"
+        )
+    prompt_tokens = _int_param(request, "prompt_tokens", 500)
+    max_tokens = _int_param(request, "max_tokens", None)
+    decision = runtime.explain(route, prompt_tokens, max_tokens)
+    return json_response(
+        {
+            "route": route.name,
+            "objective": route.objective,
+            "when_infeasible": route.when_infeasible,
+            "slo": route.slo.model_dump(exclude_none=True),
+            "request": {"prompt_tokens": prompt_tokens, "max_tokens": max_tokens},
+            "choice": decision.chosen,
+            "reason": decision.reason,
+            "order": list(decision.order),
+            "candidates": [evaluation.as_dict() for evaluation in decision.evals],
+        }
+    )
+
+
+async def policy_status(request: Request) -> Response:
+    runtime = runtime_of(request)
+    policy, source = runtime.policy, runtime.policy_source
+    return json_response(
+        {
+            "source": policy.source,
+            "digest": policy.digest,
+            "routes": list(policy.routes),
+            "backends": list(policy.backends),
+            "warnings": list(policy.warnings),
+            "reloads": getattr(source, "reloads", 0),
+            "reload_failures": getattr(source, "reload_failures", 0),
+            "last_error": getattr(source, "last_error", None),
+        }
+    )
+
+
+async def reload_policy(request: Request) -> Response:
+    source = runtime_of(request).policy_source
+    reload_now = getattr(source, "reload_now", None)
+    if reload_now is None:
+        raise InvalidRequest("this gateway runs a fixed policy that cannot be reloaded")
+    changed = await asyncio.to_thread(reload_now)
+    response = await policy_status(request)
+    response.headers["x-gateway-policy-changed"] = "true" if changed else "false"
+    return response
+
+
+async def backends(request: Request) -> Response:
+    runtime = runtime_of(request)
+    scraped = runtime.scraper.status()
+    views: dict[str, Any] = {}
+    for name in runtime.policy.backends:
+        view = asdict(runtime.stats.view(name))
+        view["scrape"] = scraped.get(name)
+        views[name] = view
+    return json_response({"backends": views})
+
+
+def _int_param(request: Request, name: str, default: int | None) -> int | None:
+    raw = request.query_params.get(name)
+    if raw is None:
+        return default
+    if not raw.isdigit():
+        raise InvalidRequest(f"'{name}' must be a non-negative integer", param=name)
+    return int(raw)
 
 
 routes = [
     Route("/health", health, methods=["GET"]),
     Route("/ready", ready, methods=["GET"]),
+    Route("/admin/explain", explain, methods=["GET"]),
+    Route("/admin/policy", policy_status, methods=["GET"]),
+    Route("/admin/policy/reload", reload_policy, methods=["POST"]),
+    Route("/admin/backends", backends, methods=["GET"]),
 ]
