@@ -22,6 +22,8 @@ def main(argv: list[str] | None = None) -> int:
         level=getattr(logging, args.log_level.upper(), logging.INFO),
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
+    # httpx logs every scrape of every backend at INFO: one line per backend per second.
+    logging.getLogger("httpx").setLevel(logging.WARNING)
     result: int = args.func(args)
     return result
 

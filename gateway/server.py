@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import ipaddress
 import logging
+import signal
 import sys
+from types import FrameType
 
 import uvicorn
 
@@ -25,6 +27,8 @@ def serve(policy_path: str, *, host: str, port: int, log_level: str = "info") ->
     except OSError as exc:
         print(f"gateway: cannot read the policy: {exc}", file=sys.stderr)
         return 2
+    for warning in holder.current.warnings:
+        log.warning("policy warning: %s", warning)
     app = create_app(lambda: Runtime(holder))
     config = uvicorn.Config(
         app,
@@ -37,10 +41,17 @@ def serve(policy_path: str, *, host: str, port: int, log_level: str = "info") ->
         lifespan="on",
     )
     server = uvicorn.Server(config)
+    # uvicorn shuts down gracefully on SIGTERM, then re-raises the signal with the handler that was
+    # there before it: make that a clean exit, so callers' cleanup (the demo's children) still runs.
+    signal.signal(signal.SIGTERM, _exit_cleanly)
     shown = f"[{host}]" if _is_ipv6(host) else host
     log.info("gateway serving on http://%s:%d/v1 with policy %s", shown, port, policy_path)
     server.run()
     return 0
+
+
+def _exit_cleanly(signum: int, frame: FrameType | None) -> None:
+    raise SystemExit(0)
 
 
 def _is_ipv6(host: str) -> bool:
