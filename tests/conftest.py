@@ -66,6 +66,9 @@ def policy_yaml(up: Upstreams, routes: str | None = None) -> str:
     fallback: {max_attempts: 1}
   paid-only:
     backends: [paid-api]
+  pool-then-api:
+    backends: [b300-vllm, paid-api]
+    exploration: 0
 """
     return f"""
 backends:
