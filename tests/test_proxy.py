@@ -180,7 +180,9 @@ def test_backend_gets_its_own_credential_never_the_clients(gateway: Gateway, ups
 
 
 @pytest.mark.parametrize("stream", [False, True])
-def test_failing_backend_falls_back_before_any_byte(gateway: Gateway, upstreams: Upstreams, stream: bool) -> None:
+def test_failing_backend_falls_back_before_any_byte(
+    gateway: Gateway, upstreams: Upstreams, stream: bool
+) -> None:
     set_faults(upstreams.vllm, error_rate=1.0, error_status=503)
     raw = httpx.post(
         gateway.base_url + "/chat/completions",

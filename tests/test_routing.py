@@ -114,7 +114,9 @@ def test_traffic_follows_the_slo_and_comes_back(routed: Gateway, slow_upstreams:
     def backend_of_next() -> str:
         return stream_once(routed, "kimi-k3", max_tokens=24).headers["x-gateway-backend"]
 
-    assert explain(routed, "kimi-k3")["choice"] == "b300-vllm", "an idle, already-paid pool costs nothing more"
+    assert explain(routed, "kimi-k3")["choice"] == "b300-vllm", (
+        "an idle, already-paid pool costs nothing more"
+    )
     light = [stream_once(routed, "kimi-k3", max_tokens=24) for _ in range(10)]
     on_pool = [r for r in light if r.headers["x-gateway-backend"] == "b300-vllm"]
     assert len(on_pool) >= 7, "all but the exploration share goes to the pool"

@@ -42,7 +42,7 @@ async def explain(request: Request) -> Response:
         raise ModelNotFound(
             f"The model '{model[:200]}' does not exist. Known models: {', '.join(policy.routes)}"
         )
-    prompt_tokens = _int_param(request, "prompt_tokens", 500)
+    prompt_tokens = _int_param(request, "prompt_tokens", 500) or 0
     max_tokens = _int_param(request, "max_tokens", None)
     decision = runtime.explain(route, prompt_tokens, max_tokens)
     return json_response(
