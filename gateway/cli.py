@@ -39,7 +39,22 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--policy", default=str(DEFAULT_POLICY), help="policy YAML (hot-reloaded on change)")
     serve.add_argument("--host", default="127.0.0.1")
     serve.add_argument("--port", type=int, default=8080)
+    serve.add_argument(
+        "--open", action="store_true", help="serve without API keys even on a non-loopback address (unsafe)"
+    )
     serve.set_defaults(func=cmd_serve)
+
+    keys = sub.add_parser("keys", help="manage client API keys")
+    keys_sub = keys.add_subparsers(required=True, metavar="ACTION")
+    create = keys_sub.add_parser(
+        "create", help="print a new key once, with the line to paste into the policy"
+    )
+    create.add_argument("name")
+    create.add_argument("--routes", default="*", help="comma-separated routes the key may use (default: all)")
+    create.add_argument(
+        "--admin", action="store_true", help="the key may also use /admin, /dashboard, /metrics"
+    )
+    create.set_defaults(func=cmd_keys_create)
 
     check = sub.add_parser("check", help="validate a policy file and print its compiled routes")
     check.add_argument("file")
@@ -70,7 +85,18 @@ def build_parser() -> argparse.ArgumentParser:
 def cmd_serve(args: argparse.Namespace) -> int:
     from gateway.server import serve
 
-    return serve(args.policy, host=args.host, port=args.port, log_level=args.log_level)
+    return serve(args.policy, host=args.host, port=args.port, log_level=args.log_level, allow_open=args.open)
+
+
+def cmd_keys_create(args: argparse.Namespace) -> int:
+    from gateway.auth import new_key, policy_line
+
+    routes = [r.strip() for r in args.routes.split(",") if r.strip() and r.strip() != "*"]
+    key = new_key()
+    print(f"API key for {args.name} (shown once; the gateway stores only its SHA-256):\n\n  {key}\n")
+    print("Paste this under auth.keys in the policy:\n")
+    print("  " + policy_line(args.name, key, routes=routes, admin=args.admin))
+    return 0
 
 
 def cmd_check(args: argparse.Namespace) -> int:

@@ -14,6 +14,7 @@ import orjson
 from starlette.requests import Request
 from starlette.responses import Response
 
+from gateway.auth import authorize_route
 from gateway.backends.openai_compat import iter_chunks
 from gateway.dialect import counted_usage, estimate_tokens, message_text_chars, prompt_chars, usage_from
 from gateway.errors import (
@@ -49,8 +50,10 @@ class ClientRequest:
 async def complete(runtime: Runtime, request: Request, endpoint: Endpoint) -> Response | StreamRelay:
     policy = runtime.policy
     started = runtime.clock()
+    key = runtime.authenticate(request.headers)
     body = await read_body(request, policy.max_body_bytes)
     client = parse_request(body, endpoint, policy)
+    authorize_route(key, client.route.name)
     observation = Observation(
         request_id=request_id(request),
         route=client.route.name,
@@ -59,6 +62,7 @@ async def complete(runtime: Runtime, request: Request, endpoint: Endpoint) -> Re
         started_at=started,
         prompt_chars=client.prompt_chars,
         max_tokens=client.max_tokens,
+        api_key_name=None if key is None else key.name,
     )
     decision = runtime.decide(
         client.route, estimate_tokens(client.prompt_chars), client.max_tokens, client.stream
@@ -72,7 +76,12 @@ async def complete(runtime: Runtime, request: Request, endpoint: Endpoint) -> Re
         raise NoRouteAvailable(
             f"route '{client.route.name}' has no backend to take this request: {decision.reason}"
         )
-    return await attempt_in_order(runtime, policy, client, observation, decision.order, endpoint)
+    order = await runtime.admit(observation, client.route, decision)
+    try:
+        return await attempt_in_order(runtime, policy, client, observation, order, endpoint)
+    except BaseException as exc:
+        runtime.request_abandoned(observation, exc)  # a no-op when a step already settled it
+        raise
 
 
 async def attempt_in_order(

@@ -12,16 +12,25 @@ import contextlib
 import logging
 import random
 import time
-from collections import deque
+from collections import Counter, deque
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any, Protocol
 
+from starlette.datastructures import Headers
+
+from gateway.auth import ApiKey, AuthenticationFailed, PermissionDenied, authenticate
 from gateway.backends.openai_compat import OpenAICompatClient
+from gateway.budgets import BudgetExhausted, Budgets, MemoryBudgetStore
 from gateway.costs import attempt_cost
+from gateway.errors import GatewayError, UpstreamClientError, UpstreamError
+from gateway.ledger import Ledger, row_of
+from gateway.metrics import GatewayMetrics
 from gateway.observation import Attempt, Observation
 from gateway.policy.compiled import CompiledPolicy, CompiledRoute
 from gateway.policy.decide import Decision, RequestFeatures, decide
 from gateway.signals import SignalScraper
+from gateway.spend import SpendTally, seed_tally
 from gateway.stats import AttemptTicket, LiveStats
 
 log = logging.getLogger("gateway")
@@ -49,6 +58,9 @@ class Runtime:
         clock: Callable[[], float] = time.monotonic,
         rng: random.Random | None = None,
         policy_poll_s: float = 1.0,
+        require_keys: bool = False,
+        ledger_path: str | Path | None = None,
+        wall_clock: Callable[[], float] = time.time,
     ) -> None:
         self.policy_source = policy
         self.clock = clock
@@ -59,20 +71,39 @@ class Runtime:
         # The last requests, newest last: for /admin, the dashboard and tests.
         self.recent: deque[Observation] = deque(maxlen=256)
         self._tickets: dict[int, AttemptTicket] = {}
+        # Error responses by (origin, code): "gateway" refusals (auth, bad request, budget) apart from
+        # "upstream" faults, so an operator can tell whose problem an error rate is.
+        self.errors_returned: Counter[tuple[str, str]] = Counter()
         self._policy_poll_s = policy_poll_s
+        # Set when listening beyond loopback: a policy without keys then refuses every request
+        # (fail closed), even if a reload removed the keys after start-up.
+        self.require_keys = require_keys
         self._tasks: list[asyncio.Task[Any]] = []
+        # Spend: each finished request feeds its ledger row, live totals, budget counters and metrics.
+        self.wall_clock = wall_clock
+        settings = self.policy.ledger
+        self.ledger = Ledger(
+            Path(ledger_path or settings.path),
+            flush_interval_s=settings.flush_interval_s,
+            batch_size=settings.batch_size,
+        )
+        self.spend = SpendTally()
+        self.budgets = Budgets(MemoryBudgetStore())
+        self.metrics = GatewayMetrics(self)
 
     @property
     def policy(self) -> CompiledPolicy:
         return self.policy_source.current
 
     async def start(self) -> None:
+        await self._start_spend()
         self.scraper.set_backends(self.policy.backends)
         await self.scraper.start()
         watch = getattr(self.policy_source, "watch", None)
         subscribe = getattr(self.policy_source, "subscribe", None)
         if subscribe is not None:
             subscribe(lambda policy: self.scraper.set_backends(policy.backends))
+            subscribe(lambda policy: self.metrics.policy_installed(self.wall_clock()))
         if watch is not None:
             self._tasks.append(asyncio.get_running_loop().create_task(watch(self._policy_poll_s)))
 
@@ -84,6 +115,9 @@ class Runtime:
                 await task
         await self.scraper.stop()
         await self.upstream.close()
+        # Last: uvicorn has already drained in-flight requests, so every row is in the queue by now.
+        await self.budgets.close()
+        await self.ledger.close()
 
     async def readiness(self) -> dict[str, Any]:
         """Ready when a policy is loaded and at least one of its backends answers."""
@@ -102,6 +136,17 @@ class Runtime:
     ) -> Decision:
         features = RequestFeatures(route.name, prompt_tokens, max_tokens, stream)
         return decide(features, route, self.policy, self.stats.snapshot(route.backends), self.rng)
+
+    def authenticate(self, headers: Headers) -> ApiKey | None:
+        keys = self.policy.api_keys
+        if not keys and self.require_keys:
+            raise AuthenticationFailed("this gateway listens beyond loopback and its policy has no API keys")
+        return authenticate(keys, headers)
+
+    def authorize_admin(self, headers: Headers) -> None:
+        key = self.authenticate(headers)
+        if key is not None and not key.admin:
+            raise PermissionDenied(f"the API key '{key.name}' is not an admin key", code="admin_only")
 
     def explain(self, route: CompiledRoute, prompt_tokens: int, max_tokens: int | None) -> Decision:
         """The decision a request would get now, without the exploration draw and without sending it."""
@@ -140,14 +185,56 @@ class Runtime:
             observation.status = "error"
             observation.error_type = observation.final.status
         self.recent.append(observation)
+        self._account(observation)
 
     def request_failed(self, observation: Observation, error_type: str) -> None:
         observation.status = "error"
         observation.error_type = error_type
         observation.finished_at = self.clock()
         self.recent.append(observation)
+        self._account(observation)
+
+    def error_returned(self, error: GatewayError) -> None:
+        origin = "upstream" if isinstance(error, (UpstreamError, UpstreamClientError)) else "gateway"
+        self.errors_returned[(origin, error.code or error.type)] += 1
 
     def cost_header(self, observation: Observation) -> str | None:
         """Settled cost when known (non-streaming); before a stream ends, the decision's estimate."""
         cost = observation.cost_usd if observation.cost_usd is not None else observation.expected_cost_usd
         return None if cost is None else f"{cost:.8f}"
+
+    async def admit(
+        self, observation: Observation, route: CompiledRoute, decision: Decision
+    ) -> tuple[str, ...]:
+        """Reserve the request's predicted cost against its budgets; returns the backends it may try.
+
+        A refused request is settled here (its ledger row says budget_exhausted), then the 429 raised.
+        """
+        try:
+            return await self.budgets.admit(observation, route, decision, self.policy, self.wall_clock())
+        except BudgetExhausted:
+            self.request_failed(observation, "budget_exhausted")
+            raise
+
+    def request_abandoned(self, observation: Observation, error: BaseException) -> None:
+        """An exception no step settled (a bug, a cancellation): settle it now, so the reservation is
+        released and the request still gets its ledger row."""
+        if observation.finished_at is None:
+            cancelled = isinstance(error, asyncio.CancelledError)
+            self.request_failed(observation, "cancelled" if cancelled else "internal_error")
+
+    async def _start_spend(self) -> None:
+        await self.ledger.start()
+        # Today's spend and this period's budget counters carry over a restart, from the ledger.
+        await asyncio.to_thread(seed_tally, self.spend, self.ledger.path, self.wall_clock())
+        await self.budgets.seed(self.ledger.path, self.wall_clock())
+
+    def _account(self, observation: Observation) -> None:
+        """Settle a finished request: its budget reservation, ledger row, live spend and metrics."""
+        started_wall = self.wall_clock() - (self.clock() - observation.started_at)
+        reserved = self.budgets.settle(observation, started_wall)
+        backend = self.policy.backends.get(observation.backend or "")
+        row = row_of(observation, started_wall, None if backend is None else backend.model, reserved)
+        self.ledger.append(row)
+        self.spend.add(started_wall, observation.route, row.cost_usd)
+        self.metrics.request_finished(observation)

@@ -11,6 +11,7 @@ from types import FrameType
 import uvicorn
 
 from gateway.app import create_app
+from gateway.auth import is_loopback
 from gateway.policy.load import PolicyError
 from gateway.policy.reload import PolicyHolder
 from gateway.runtime import Runtime
@@ -18,7 +19,9 @@ from gateway.runtime import Runtime
 log = logging.getLogger("gateway")
 
 
-def serve(policy_path: str, *, host: str, port: int, log_level: str = "info") -> int:
+def serve(
+    policy_path: str, *, host: str, port: int, log_level: str = "info", allow_open: bool = False
+) -> int:
     try:
         holder = PolicyHolder(policy_path)
     except PolicyError as exc:
@@ -29,7 +32,17 @@ def serve(policy_path: str, *, host: str, port: int, log_level: str = "info") ->
         return 2
     for warning in holder.current.warnings:
         log.warning("policy warning: %s", warning)
-    app = create_app(lambda: Runtime(holder))
+    public = not is_loopback(host)
+    if public and not holder.current.api_keys and not allow_open:
+        print(
+            f"gateway: refusing to listen on {host} with no API keys in {policy_path}: anyone who can reach\n"
+            "this address could spend your GPU hours and paid-API credit. Add keys (`gateway keys create\n"
+            "NAME` prints one with its policy line), listen on 127.0.0.1, or pass --open to run open anyway.",
+            file=sys.stderr,
+        )
+        return 2
+    require_keys = public and not allow_open
+    app = create_app(lambda: Runtime(holder, require_keys=require_keys))
     config = uvicorn.Config(
         app,
         host=host,

@@ -7,7 +7,8 @@ upstream, so "why would this go there?" has the same answer as the request path.
 from __future__ import annotations
 
 import asyncio
-from dataclasses import asdict
+from collections.abc import Awaitable, Callable
+from dataclasses import asdict, fields
 from typing import Any
 
 from starlette.requests import Request
@@ -93,10 +94,27 @@ async def backends(request: Request) -> Response:
     scraped = runtime.scraper.status()
     views: dict[str, Any] = {}
     for name in runtime.policy.backends:
-        view = asdict(runtime.stats.view(name))
-        view["scrape"] = scraped.get(name)
-        views[name] = view
+        view = runtime.stats.view(name)
+        row = {f.name: getattr(view, f.name) for f in fields(view)}
+        row["completion_tokens_by_route"] = dict(view.completion_tokens_by_route)
+        row["signals"] = None if view.signals is None else asdict(view.signals)
+        row["scrape"] = scraped.get(name)
+        views[name] = row
     return json_response({"backends": views})
+
+
+Handler = Callable[[Request], Awaitable[Response]]
+
+
+def admin_only(handler: Handler) -> Handler:
+    """Admin surfaces need an admin key whenever the policy configures keys."""
+
+    async def guarded(request: Request) -> Response:
+        runtime_of(request).authorize_admin(request.headers)
+        return await handler(request)
+
+    guarded.__name__ = handler.__name__
+    return guarded
 
 
 def _int_param(request: Request, name: str, default: int | None) -> int | None:
@@ -111,8 +129,8 @@ def _int_param(request: Request, name: str, default: int | None) -> int | None:
 routes = [
     Route("/health", health, methods=["GET"]),
     Route("/ready", ready, methods=["GET"]),
-    Route("/admin/explain", explain, methods=["GET"]),
-    Route("/admin/policy", policy_status, methods=["GET"]),
-    Route("/admin/policy/reload", reload_policy, methods=["POST"]),
-    Route("/admin/backends", backends, methods=["GET"]),
+    Route("/admin/explain", admin_only(explain), methods=["GET"]),
+    Route("/admin/policy", admin_only(policy_status), methods=["GET"]),
+    Route("/admin/policy/reload", admin_only(reload_policy), methods=["POST"]),
+    Route("/admin/backends", admin_only(backends), methods=["GET"]),
 ]

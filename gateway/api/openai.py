@@ -27,9 +27,11 @@ async def completions(request: Request) -> Response | StreamRelay:
 
 async def models(request: Request) -> Response:
     policy = runtime_of(request).policy
+    key = runtime_of(request).authenticate(request.headers)
     data = [
         {"id": name, "object": "model", "created": 0, "owned_by": "gateway", "description": route.description}
         for name, route in policy.routes.items()
+        if key is None or key.may_use(name)
     ]
     return json_response({"object": "list", "data": data})
 

@@ -24,6 +24,9 @@ def json_response(content: Any, status: int = 200, headers: dict[str, str] | Non
 
 async def gateway_error(request: Request, exc: Exception) -> Response:
     assert isinstance(exc, GatewayError)
+    runtime = getattr(request.app.state, "runtime", None)
+    if runtime is not None:
+        runtime.error_returned(exc)
     return Response(
         exc.to_bytes(), status_code=exc.status, headers=exc.headers(), media_type="application/json"
     )

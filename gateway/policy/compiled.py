@@ -9,10 +9,13 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
+from gateway.auth import ApiKey
 from gateway.policy.schema import (
     Accounting,
+    Budgets,
     Dialect,
     Fallback,
+    Ledger,
     Objective,
     Signals,
     Slo,
@@ -70,6 +73,7 @@ class CompiledRoute:
     fallback: Fallback
     exploration: float
     description: str | None = None
+    budgets: Budgets | None = None  # spending caps; read at admission, so a reload applies at once
 
 
 @dataclass(frozen=True, slots=True)
@@ -81,3 +85,6 @@ class CompiledPolicy:
     max_body_bytes: int
     # Non-fatal findings (e.g. an api_key_env that is not set), one "file:line:col path: message" each.
     warnings: tuple[str, ...] = ()
+    ledger: Ledger = field(default_factory=Ledger)  # read once at start-up
+    # Client keys by the hex SHA-256 of the key; empty means an open gateway (loopback only).
+    api_keys: Mapping[str, ApiKey] = field(default_factory=dict)

@@ -24,6 +24,7 @@ from ruamel.yaml.constructor import DuplicateKeyError
 from ruamel.yaml.error import MarkedYAMLError, YAMLError
 from ruamel.yaml.scalarbool import ScalarBoolean
 
+from gateway.auth import ApiKey
 from gateway.policy import schema
 from gateway.policy.compiled import CompiledBackend, CompiledPolicy, CompiledRoute, PoolPrice, TokenPrices
 
@@ -94,7 +95,7 @@ def _compile(text: str, source: str, digest: str, environ: Env) -> CompiledPolic
         raise PolicyError(
             doc.schema_problems(exc) + doc.nonfinite_problems() + _reference_problems(doc)
         ) from None
-    problems = doc.nonfinite_problems() + _reference_problems(doc)
+    problems = doc.nonfinite_problems() + _reference_problems(doc) + _key_problems(raw, doc)
     warnings = _unused_backend_warnings(raw, doc)
     backends: dict[str, CompiledBackend] = {}
     env = os.environ if environ is None else environ
@@ -116,6 +117,8 @@ def _compile(text: str, source: str, digest: str, environ: Env) -> CompiledPolic
         routes=types.MappingProxyType(routes),
         max_body_bytes=raw.server.max_body_bytes,
         warnings=tuple(str(w) for w in sorted(warnings, key=lambda p: (p.line, p.column))),
+        ledger=raw.ledger,
+        api_keys=types.MappingProxyType(_compile_keys(raw.auth)),
     )
 
 
@@ -448,4 +451,37 @@ def _compile_route(name: str, r: schema.Route) -> CompiledRoute:
         fallback=r.fallback,
         exploration=r.exploration,
         description=r.description,
+        budgets=r.budgets,
     )
+
+
+def _compile_keys(auth: schema.Auth) -> dict[str, ApiKey]:
+    return {
+        entry.sha256: ApiKey(
+            name=entry.name, digest=entry.sha256, routes=frozenset(entry.routes), admin=entry.admin
+        )
+        for entry in auth.keys
+    }
+
+
+def _key_problems(raw: schema.PolicyFile, doc: _Document) -> list[Problem]:
+    """Keys must name routes that exist, and neither a name nor a digest may appear twice."""
+    problems: list[Problem] = []
+    names: set[str] = set()
+    digests: set[str] = set()
+    for i, entry in enumerate(raw.auth.keys):
+        for j, route in enumerate(entry.routes):
+            if route != "*" and route not in raw.routes:
+                known = ", ".join(raw.routes)
+                problems.append(
+                    doc.problem(("auth", "keys", i, "routes", j), f"no route '{route}' (routes: {known})")
+                )
+        if entry.name in names:
+            problems.append(
+                doc.problem(("auth", "keys", i, "name"), f"key name '{entry.name}' is used twice")
+            )
+        if entry.sha256 in digests:
+            problems.append(doc.problem(("auth", "keys", i, "sha256"), "the same key digest appears twice"))
+        names.add(entry.name)
+        digests.add(entry.sha256)
+    return problems

@@ -16,6 +16,7 @@ Thinking = Literal["none", "optional", "mandatory"]
 Objective = Literal["lowest_cost", "lowest_ttft", "highest_throughput"]
 WhenInfeasible = Literal["fastest", "cheapest", "reject"]
 Accounting = Literal["amortized", "marginal"]
+OnBudgetExhausted = Literal["fallback_cheaper", "reject"]
 BackendName = Annotated[str, Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$", max_length=64)]
 RouteName = Annotated[str, Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9._:/-]*$", max_length=128)]
 PositiveFloat = Annotated[float, Field(gt=0)]
@@ -106,6 +107,21 @@ class Fallback(Strict):
     deadline_s: PositiveFloat = 600.0
 
 
+class Budgets(Strict):
+    """Spending caps in USD (UTC day and month), counted from the ledger's cost of each request."""
+
+    per_day_usd: NonNegativeFloat | None = None
+    per_month_usd: NonNegativeFloat | None = None
+    # When the cap cannot cover a request: try a cheaper candidate that fits, or answer 429.
+    on_exhausted: OnBudgetExhausted = "reject"
+
+    @model_validator(mode="after")
+    def some_limit(self) -> Budgets:
+        if self.per_day_usd is None and self.per_month_usd is None:
+            raise ValueError("give per_day_usd, per_month_usd or both")
+        return self
+
+
 class Route(Strict):
     backends: Annotated[list[BackendName], Field(min_length=1)]
     slo: Slo = Slo()
@@ -115,10 +131,40 @@ class Route(Strict):
     # Share of requests sent to a non-chosen healthy candidate to keep its measurements fresh.
     exploration: Annotated[float, Field(ge=0, le=0.5)] = 0.02
     description: str | None = None
+    budgets: Budgets | None = None
 
 
 class Server(Strict):
     max_body_bytes: Annotated[int, Field(ge=1024)] = 4 * 1024 * 1024
+
+
+class Ledger(Strict):
+    """Where the per-request spend rows go: SQLite, written in batches off the request path.
+
+    A relative ``path`` is taken from the directory the gateway is started in; ``gateway serve
+    --ledger`` overrides it. Changes take effect at the next start, not on a hot reload.
+    """
+
+    path: Annotated[str, Field(min_length=1)] = "var/ledger.sqlite3"
+    flush_interval_s: PositiveFloat = 1.0
+    batch_size: Annotated[int, Field(ge=1, le=100_000)] = 500
+
+
+class ApiKeyEntry(Strict):
+    """One client key, stored as the SHA-256 of the key (``gateway keys create NAME`` prints both)."""
+
+    name: Annotated[str, Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9._@-]*$", max_length=64)]
+    sha256: Annotated[str, Field(pattern=r"^[0-9a-f]{64}$")]
+    # Route names this key may use; "*" for all of them.
+    routes: Annotated[list[str], Field(min_length=1)] = ["*"]
+    # Admin keys also reach /admin/*, /dashboard and, unless it has its own port, /metrics.
+    admin: bool = False
+
+
+class Auth(Strict):
+    """With no keys the gateway serves without auth, and only on a loopback address."""
+
+    keys: list[ApiKeyEntry] = []
 
 
 class PolicyFile(Strict):
@@ -126,3 +172,5 @@ class PolicyFile(Strict):
     server: Server = Server()
     backends: Annotated[dict[BackendName, Backend], Field(min_length=1)]
     routes: Annotated[dict[RouteName, Route], Field(min_length=1)]
+    ledger: Ledger = Ledger()
+    auth: Auth = Auth()
