@@ -10,6 +10,8 @@ from __future__ import annotations
 import math
 from typing import Any
 
+import orjson
+
 from gateway.observation import Usage
 
 REASONING_FIELDS = ("reasoning", "reasoning_content")
@@ -40,6 +42,30 @@ def usage_from(obj: Any, reasoning_chunks: int = 0) -> Usage | None:
         cached_prompt_tokens=cached or 0,
         source="reported",
     )
+
+
+def read_completion(raw: bytes, prompt_chars: int) -> tuple[Usage, float | None]:
+    """Usage of a non-streamed response, and its decode seconds when the upstream reports them
+    (llama.cpp's ``timings.predicted_ms``); counted from the text when no usage came back."""
+    try:
+        parsed = orjson.loads(raw)
+    except orjson.JSONDecodeError:
+        parsed = None
+    if not isinstance(parsed, dict):
+        return counted_usage(prompt_chars, 0, 0), None
+    choices = parsed.get("choices")
+    answer = reasoning = 0
+    for choice in choices if isinstance(choices, list) else []:
+        if isinstance(choice, dict):
+            a, r = message_text_chars(choice.get("message", choice))
+            answer, reasoning = answer + a, reasoning + r
+    usage = usage_from(parsed.get("usage"), estimate_tokens(reasoning))
+    if usage is None:
+        usage = counted_usage(prompt_chars, estimate_tokens(answer + reasoning), estimate_tokens(reasoning))
+    timings = parsed.get("timings")
+    predicted_ms = timings.get("predicted_ms") if isinstance(timings, dict) else None
+    decode_s = predicted_ms / 1000 if isinstance(predicted_ms, (int, float)) and predicted_ms >= 0 else None
+    return usage, decode_s
 
 
 def counted_usage(prompt_chars: int, completion_chunks: int, reasoning_chunks: int) -> Usage:

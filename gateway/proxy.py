@@ -16,7 +16,7 @@ from starlette.responses import Response
 
 from gateway.auth import authorize_route
 from gateway.backends.openai_compat import iter_chunks
-from gateway.dialect import counted_usage, estimate_tokens, message_text_chars, prompt_chars, usage_from
+from gateway.dialect import estimate_tokens, prompt_chars, read_completion
 from gateway.errors import (
     AttemptFailure,
     BodyTooLarge,
@@ -182,31 +182,12 @@ async def complete_once(
     raw = await runtime.upstream.read_body(backend, response, max(remaining_s, 1.0))
     response.release()
     attempt.finished_at = runtime.clock()
-    attempt.usage = usage_of_completion(raw, client.prompt_chars)
+    attempt.usage, decode_s = read_completion(raw, client.prompt_chars)
+    if decode_s is not None:  # llama.cpp says how long decoding took: the rest was waiting for token one
+        attempt.ttft_s = max(0.0, attempt.finished_at - attempt.started_at - decode_s)
     runtime.attempt_finished(observation, attempt)
     runtime.request_finished(observation)
     return Response(raw, headers=dict(_decode(response_headers(observation, runtime, "application/json"))))
-
-
-def usage_of_completion(raw: bytes, prompt_char_count: int) -> Any:
-    try:
-        parsed = orjson.loads(raw)
-    except orjson.JSONDecodeError:
-        parsed = None
-    if not isinstance(parsed, dict):
-        return counted_usage(prompt_char_count, 0, 0)
-    choices = parsed.get("choices") or []
-    answer = reasoning = 0
-    for choice in choices if isinstance(choices, list) else []:
-        if isinstance(choice, dict):
-            a, r = message_text_chars(choice.get("message", choice))
-            answer, reasoning = answer + a, reasoning + r
-    usage = usage_from(parsed.get("usage"), estimate_tokens(reasoning))
-    if usage is None:
-        usage = counted_usage(
-            prompt_char_count, estimate_tokens(answer + reasoning), estimate_tokens(reasoning)
-        )
-    return usage
 
 
 async def read_body(request: Request, limit: int) -> bytes:
