@@ -162,7 +162,7 @@ async def open_stream(
         meter=meter,
         attempt=attempt,
         clock=runtime.clock,
-        release=lambda: response.release() if meter.done else response.close(),
+        release=lambda: response.release() if response.content.is_eof() else response.close(),
         on_finish=finish,
     )
 

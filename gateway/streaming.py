@@ -8,6 +8,7 @@ only to see whether it carries reasoning, an answer, usage or the end of the str
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
@@ -17,6 +18,7 @@ from gateway.dialect import REASONING_FIELDS, counted_usage, usage_from
 from gateway.errors import AttemptFailure
 from gateway.observation import Attempt
 
+DRAIN_TIMEOUT_S = 1.0
 Clock = Callable[[], float]
 Send = Callable[[dict[str, Any]], Awaitable[None]]
 Receive = Callable[[], Awaitable[dict[str, Any]]]
@@ -183,6 +185,7 @@ class StreamRelay:
         self._release = release
         self._on_finish = on_finish
         self._client_gone = False
+        self._response_ended = False
 
     async def __call__(self, scope: Any, receive: Receive, send: Send) -> None:
         watcher = asyncio.get_running_loop().create_task(
@@ -200,8 +203,9 @@ class StreamRelay:
             self._attempt.status = "cancelled"
         finally:
             watcher.cancel()
+            if self._attempt.finished_at is None:
+                self._meter.finish(self._clock())
             self._release()
-            self._meter.finish(self._clock())
             self._on_finish()
 
     async def _relay(self, send: Send) -> None:
@@ -211,7 +215,9 @@ class StreamRelay:
                 out = meter.feed(data, clock())
                 if out:
                     await send({"type": "http.response.body", "body": out, "more_body": True})
-            if not meter.done:
+                if meter.done:
+                    break
+            else:
                 raise AttemptFailure("dropped", "upstream closed the stream before it finished")
         except AttemptFailure as failure:
             self._attempt.status = "timeout" if failure.kind == "timeout" else "dropped"
@@ -220,13 +226,26 @@ class StreamRelay:
             await send(
                 {"type": "http.response.body", "body": error_event(failure.message, code), "more_body": True}
             )
+        # The client has everything once [DONE] is out (SDKs hang up then): settle and end the response
+        # before waiting for the upstream to close, so that hang-up is not taken for a cancellation.
+        meter.finish(clock())
+        self._response_ended = True
         await send({"type": "http.response.body", "body": b"", "more_body": False})
+        if meter.done:
+            await self._drain()
+
+    async def _drain(self) -> None:
+        """Read the upstream to its end (usually just the chunked terminator) so its connection is reused."""
+        with contextlib.suppress(AttemptFailure, TimeoutError):
+            async with asyncio.timeout(DRAIN_TIMEOUT_S):
+                async for _ in self._chunks:
+                    pass
 
     async def _watch_disconnect(self, receive: Receive, relay_task: asyncio.Task[Any] | None) -> None:
         while True:
             message = await receive()
             if message["type"] == "http.disconnect":
-                if relay_task is not None and not relay_task.done():
+                if relay_task is not None and not relay_task.done() and not self._response_ended:
                     self._client_gone = True
                     relay_task.cancel()
                 return

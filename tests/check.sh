@@ -17,6 +17,9 @@ fi
 .venv/bin/python -m pip install --quiet -e '.[dev]' 2>&1 | grep -v '^WARNING: Location' || true
 .venv/bin/python -c 'import gateway.cli, litellm, openai' >/dev/null
 
+step "real llama.cpp upstream (cached portable wheel + Gemma 3 270M GGUF)"
+bash tests/real/setup_llamacpp.sh
+
 step "format (ruff format --check)"
 .venv/bin/ruff format --check gateway tests bench
 

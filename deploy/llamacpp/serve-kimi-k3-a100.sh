@@ -1,0 +1,25 @@
+#!/usr/bin/env bash
+# Kimi K3 on one 8x A100-80GB node with llama-server and the 1-bit UD-IQ1_S GGUF: the slow, cheap
+# fallback. Flags are explained in deploy/README.md; kimi-k3-a100.yaml runs the same command.
+#   bash deploy/llamacpp/serve-kimi-k3-a100.sh   (llama-server from a CUDA build of llama.cpp on PATH)
+# Point MODEL at the first shard of the split GGUF; llama-server finds the other shards beside it.
+set -euo pipefail
+
+MODEL="${MODEL:-/models/Kimi-K3-GGUF/UD-IQ1_S/Kimi-K3-UD-IQ1_S-00001-of-00014.gguf}"
+PORT="${PORT:-8080}"
+
+# --ctx-size is shared by the slots: 131072 / --parallel 4 = 32k tokens of context per request.
+exec llama-server \
+  -m "$MODEL" \
+  --alias Kimi-K3-UD-IQ1_S \
+  --host 0.0.0.0 \
+  --port "$PORT" \
+  --n-gpu-layers 999 \
+  --split-mode layer \
+  --tensor-split 1,1,1,1,1,1,1,1 \
+  --parallel 4 \
+  --ctx-size 131072 \
+  --jinja \
+  --reasoning-format deepseek \
+  --metrics \
+  --slots
