@@ -6,11 +6,13 @@ port, started as a child process and stopped by process id on exit.
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 from urllib.parse import urlsplit
 
 import httpx
@@ -19,11 +21,22 @@ from gateway.policy.load import PolicyError, load_policy
 from gateway.server import serve
 
 PROFILE_OF_DIALECT = {"vllm": "b300-vllm", "llamacpp": "a100-llamacpp", "openai": "paid-api"}
+# In `--real` mode this backend of the policy is served by a real llama.cpp server, not an emulator.
+REAL_BACKEND = "gemma-local"
+REAL_MODEL_FILE = "models/gemma3-270m-q4_k_m.gguf"
+REAL_SETUP = "bash tests/real/setup_llamacpp.sh"
 LOOPBACK = {"127.0.0.1", "localhost", "::1"}
 DEMO_PAID_KEY = "demo-paid-api-key"
 
 
-def run_demo(policy_path: str, *, port: int, time_scale: float, log_level: str) -> int:
+def run_demo(policy_path: str, *, port: int, time_scale: float, log_level: str, real: bool = False) -> int:
+    model_file = real_model_file()
+    if real and (not model_file.is_file() or importlib.util.find_spec("llama_cpp") is None):
+        print(
+            f"gateway demo --real needs llama-cpp-python and the Gemma GGUF: run `{REAL_SETUP}`",
+            file=sys.stderr,
+        )
+        return 2
     try:
         policy = load_policy(policy_path)
     except PolicyError as exc:
@@ -38,6 +51,11 @@ def run_demo(policy_path: str, *, port: int, time_scale: float, log_level: str) 
             parts = urlsplit(backend.base_url)
             if parts.hostname not in LOOPBACK or parts.port is None:
                 continue
+            if real and backend.name == REAL_BACKEND:
+                print(f"  starting real llama.cpp (Gemma 3 270M) for backend {backend.name} on :{parts.port}")
+                children.append(subprocess.Popen(real_server_command(model_file, backend.model, parts.port)))
+                wait_until_up(f"http://127.0.0.1:{parts.port}/v1/models", timeout_s=180)
+                continue
             profile = PROFILE_OF_DIALECT[backend.dialect]
             print(f"  starting emulator {profile:<14} for backend {backend.name:<14} on :{parts.port}")
             env = {**os.environ, "EMULATOR_API_KEY": paid_key} if backend.dialect == "openai" else None
@@ -45,11 +63,24 @@ def run_demo(policy_path: str, *, port: int, time_scale: float, log_level: str) 
             command += ["--profile", profile, "--port", str(parts.port), "--time-scale", str(time_scale)]
             children.append(subprocess.Popen(command, env=env))
             wait_until_up(f"http://127.0.0.1:{parts.port}/health")
-        print_welcome(port)
+        print_welcome(port, real)
         return serve(policy_path, host="127.0.0.1", port=port, log_level=log_level)
     finally:
         for child in children:
             stop(child)
+
+
+def real_model_file() -> Path:
+    cache = os.environ.get("GATEWAY_CACHE") or str(Path.home() / ".cache" / "gateway")
+    return Path(cache) / REAL_MODEL_FILE
+
+
+def real_server_command(model_file: Path, served_name: str, port: int) -> list[str]:
+    return [
+        *(sys.executable, "-m", "llama_cpp.server", "--model", str(model_file)),
+        *("--model_alias", served_name, "--chat_format", "gemma", "--n_ctx", "2048"),
+        *("--host", "127.0.0.1", "--port", str(port)),
+    ]
 
 
 def wait_until_up(url: str, timeout_s: float = 30.0) -> None:
@@ -75,8 +106,10 @@ def stop(child: subprocess.Popen[bytes]) -> None:
         child.wait()
 
 
-def print_welcome(port: int) -> None:
+def print_welcome(port: int, real: bool = False) -> None:
     base = f"http://127.0.0.1:{port}/v1"
+    if real:
+        print('\nA real model answers on the route `gemma`: put "model": "gemma" in the examples below.')
     print(
         f"""
 Gateway demo: OpenAI-compatible API at {base}

@@ -35,6 +35,9 @@ class Attempt:
     # Seconds from sending the request to the first answer (content) token.
     first_answer_s: float | None = None
     finished_at: float | None = None
+    # Seconds spent decoding, when known apart from the first-token wait: a non-streamed answer has no
+    # first-token moment, so llama.cpp's own timing or an estimate from the backend's TTFT is used.
+    decode_s: float | None = None
     # Text-bearing chunks seen; decode speed is measured over these.
     token_chunks: int = 0
     usage: Usage | None = None
@@ -42,9 +45,14 @@ class Attempt:
     @property
     def decode_tokens_per_s(self) -> float | None:
         """Output tokens after the first one, divided by the time they took to arrive."""
-        if self.ttft_s is None or self.finished_at is None or self.usage is None:
+        if self.finished_at is None or self.usage is None:
             return None
-        decode_time = self.finished_at - self.started_at - self.ttft_s
+        if self.decode_s is not None:
+            decode_time = self.decode_s
+        elif self.ttft_s is not None:
+            decode_time = self.finished_at - self.started_at - self.ttft_s
+        else:
+            return None
         tokens = self.usage.completion_tokens - 1
         if tokens <= 0 or decode_time <= 0:
             return None

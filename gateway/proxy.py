@@ -183,8 +183,13 @@ async def complete_once(
     response.release()
     attempt.finished_at = runtime.clock()
     attempt.usage, decode_s = read_completion(raw, client.prompt_chars)
+    duration = attempt.finished_at - attempt.started_at
     if decode_s is not None:  # llama.cpp says how long decoding took: the rest was waiting for token one
-        attempt.ttft_s = max(0.0, attempt.finished_at - attempt.started_at - decode_s)
+        attempt.decode_s = min(decode_s, duration)
+        attempt.ttft_s = duration - attempt.decode_s
+    else:  # the backend's usual first-token wait, measured on its streams, was not decoding
+        usual_ttft = runtime.stats.view(backend.name).ttft_p50_s or 0.0
+        attempt.decode_s = duration - usual_ttft if usual_ttft < duration else duration
     runtime.attempt_finished(observation, attempt)
     runtime.request_finished(observation)
     return Response(raw, headers=dict(_decode(response_headers(observation, runtime, "application/json"))))
