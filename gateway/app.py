@@ -11,7 +11,7 @@ from contextlib import asynccontextmanager
 
 from starlette.applications import Starlette
 
-from gateway.api import admin, openai
+from gateway.api import admin, dashboard, openai
 from gateway.api.responses import exception_handlers
 from gateway.runtime import Runtime
 
@@ -30,7 +30,7 @@ def create_app(build_runtime: Callable[[], Runtime]) -> Starlette:
             await runtime.close()
 
     return Starlette(
-        routes=[*openai.routes, *admin.routes],
+        routes=[*openai.routes, *admin.routes, *dashboard.routes],
         exception_handlers=exception_handlers,
         lifespan=lifespan,
     )

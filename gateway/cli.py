@@ -13,6 +13,7 @@ from pathlib import Path
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_POLICY = REPO_ROOT / "policies" / "default.yaml"
+REAL_DEMO_POLICY = REPO_ROOT / "policies" / "demo-real.yaml"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -42,6 +43,9 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument(
         "--open", action="store_true", help="serve without API keys even on a non-loopback address (unsafe)"
     )
+    serve.add_argument(
+        "--ledger", default=None, help="ledger SQLite file (default: the policy's ledger.path)"
+    )
     serve.set_defaults(func=cmd_serve)
 
     keys = sub.add_parser("keys", help="manage client API keys")
@@ -55,6 +59,14 @@ def build_parser() -> argparse.ArgumentParser:
         "--admin", action="store_true", help="the key may also use /admin, /dashboard, /metrics"
     )
     create.set_defaults(func=cmd_keys_create)
+
+    spend = sub.add_parser("spend", help="report spend and tokens from the ledger")
+    spend.add_argument("--by", default="route", choices=["route", "backend", "key"])
+    spend.add_argument("--since", default="24h", help="a span (24h, 30m, 7d) or an ISO date (UTC)")
+    spend.add_argument("--format", default="table", choices=["table", "csv", "json"])
+    spend.add_argument("--ledger", default="var/ledger.sqlite3", help="the ledger SQLite file")
+    spend.add_argument("--policy", default=None, help="a policy, to add GPU-hour pools' idle cost")
+    spend.set_defaults(func=cmd_spend)
 
     check = sub.add_parser("check", help="validate a policy file and print its compiled routes")
     check.add_argument("file")
@@ -76,8 +88,11 @@ def build_parser() -> argparse.ArgumentParser:
         "demo", help="start the three emulated backends and the gateway on the default policy"
     )
     demo.add_argument("--port", type=int, default=8080)
-    demo.add_argument("--policy", default=str(DEFAULT_POLICY))
+    demo.add_argument(
+        "--policy", default=None, help="default: policies/default.yaml (demo-real.yaml with --real)"
+    )
     demo.add_argument("--time-scale", type=float, default=1.0, help="emulator speed (0.1 = ten times faster)")
+    demo.add_argument("--real", action="store_true", help="also serve a real model (Gemma 3 270M, llama.cpp)")
     demo.set_defaults(func=cmd_demo)
     return parser
 
@@ -85,7 +100,14 @@ def build_parser() -> argparse.ArgumentParser:
 def cmd_serve(args: argparse.Namespace) -> int:
     from gateway.server import serve
 
-    return serve(args.policy, host=args.host, port=args.port, log_level=args.log_level, allow_open=args.open)
+    return serve(
+        args.policy,
+        host=args.host,
+        port=args.port,
+        log_level=args.log_level,
+        allow_open=args.open,
+        ledger_path=args.ledger,
+    )
 
 
 def cmd_keys_create(args: argparse.Namespace) -> int:
@@ -97,6 +119,12 @@ def cmd_keys_create(args: argparse.Namespace) -> int:
     print("Paste this under auth.keys in the policy:\n")
     print("  " + policy_line(args.name, key, routes=routes, admin=args.admin))
     return 0
+
+
+def cmd_spend(args: argparse.Namespace) -> int:
+    from gateway.spend import spend_main
+
+    return spend_main(args)
 
 
 def cmd_check(args: argparse.Namespace) -> int:
@@ -120,7 +148,10 @@ def cmd_emulate(args: argparse.Namespace) -> int:
 def cmd_demo(args: argparse.Namespace) -> int:
     from gateway.demo import run_demo
 
-    return run_demo(args.policy, port=args.port, time_scale=args.time_scale, log_level=args.log_level)
+    policy = args.policy or str(REAL_DEMO_POLICY if args.real else DEFAULT_POLICY)
+    return run_demo(
+        policy, port=args.port, time_scale=args.time_scale, log_level=args.log_level, real=args.real
+    )
 
 
 if __name__ == "__main__":

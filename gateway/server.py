@@ -20,7 +20,13 @@ log = logging.getLogger("gateway")
 
 
 def serve(
-    policy_path: str, *, host: str, port: int, log_level: str = "info", allow_open: bool = False
+    policy_path: str,
+    *,
+    host: str,
+    port: int,
+    log_level: str = "info",
+    allow_open: bool = False,
+    ledger_path: str | None = None,
 ) -> int:
     try:
         holder = PolicyHolder(policy_path)
@@ -42,7 +48,7 @@ def serve(
         )
         return 2
     require_keys = public and not allow_open
-    app = create_app(lambda: Runtime(holder, require_keys=require_keys))
+    app = create_app(lambda: Runtime(holder, require_keys=require_keys, ledger_path=ledger_path))
     config = uvicorn.Config(
         app,
         host=host,

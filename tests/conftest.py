@@ -126,7 +126,9 @@ class Gateway:
 
 @contextlib.contextmanager
 def running_gateway(policy_path: Path, **runtime_options: Any) -> Iterator[Gateway]:
-    """The gateway in-process on a loopback port, serving (and watching) ``policy_path``."""
+    """The gateway in-process on a loopback port, serving (and watching) ``policy_path``; its ledger
+    goes beside the policy (a test's tmp dir) unless the test says otherwise."""
+    runtime_options.setdefault("ledger_path", policy_path.parent / "ledger.sqlite3")
     holder = PolicyHolder(policy_path)
     app = create_app(lambda: Runtime(holder, **runtime_options))
     with threaded_server(app) as server:

@@ -7,7 +7,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from prometheus_client import CONTENT_TYPE_LATEST
+from prometheus_client.exposition import CONTENT_TYPE_PLAIN_0_0_4
 from starlette.requests import Request
 from starlette.responses import FileResponse, Response
 from starlette.routing import Mount, Route
@@ -33,7 +33,7 @@ async def data(request: Request) -> Response:
 
 
 async def metrics(request: Request) -> Response:
-    return Response(runtime_of(request).metrics.exposition(), media_type=CONTENT_TYPE_LATEST)
+    return Response(runtime_of(request).metrics.exposition(), media_type=CONTENT_TYPE_PLAIN_0_0_4)
 
 
 def dashboard_data(runtime: Runtime) -> dict[str, Any]:

@@ -12,11 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from gateway.app import create_app
-from gateway.policy.reload import PolicyHolder
-from gateway.runtime import Runtime
-from tests.conftest import Gateway
-from tests.servers import ProcessServer, free_port, python_module, threaded_server, wait_http
+from tests.conftest import Gateway, running_gateway
+from tests.servers import ProcessServer, free_port, python_module, wait_http
 
 CACHE = Path(os.environ.get("GATEWAY_CACHE") or Path.home() / ".cache" / "gateway")
 MODEL_FILE = CACHE / "models" / "gemma3-270m-q4_k_m.gguf"
@@ -115,6 +112,5 @@ def real_gateway(
 ) -> Iterator[Gateway]:
     path = tmp_path_factory.mktemp("real-policy") / "policy.yaml"
     path.write_text(policy_yaml(llamacpp_server.url))
-    holder = PolicyHolder(path)
-    with threaded_server(create_app(lambda: Runtime(holder))) as server:
-        yield Gateway(server, path)
+    with running_gateway(path) as gateway:
+        yield gateway

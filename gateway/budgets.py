@@ -1,0 +1,302 @@
+"""Spending caps per route (per API key once keys exist), per UTC day and month: admission reserves a
+request's predicted cost, its end settles the reservation with the ledger's real cost.
+
+So concurrent requests can overspend a cap by no more than what their reservations under-predicted.
+Counters live behind ``BudgetStore`` (in memory here; a shared store lets replicas share them).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import calendar
+import sqlite3
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from types import MappingProxyType
+from typing import Literal, NamedTuple, Protocol
+
+from gateway.costs import TOKENS_PER_MTOK
+from gateway.errors import GatewayError
+from gateway.ledger import connect, spend_totals
+from gateway.observation import Observation
+from gateway.policy.compiled import CompiledBackend, CompiledPolicy, CompiledRoute
+from gateway.policy.decide import CandidateEval, Decision
+from gateway.policy.schema import Budgets as BudgetLimits
+
+Period = Literal["day", "month"]
+Scope = Literal["route", "key"]
+PERIODS: tuple[Period, ...] = ("day", "month")
+ADJECTIVES: Mapping[Period, str] = MappingProxyType({"day": "daily", "month": "monthly"})
+
+
+class BudgetExhausted(GatewayError):
+    """A cap cannot cover the request: 429, in the shape OpenAI uses for an exhausted quota."""
+
+    status = 429
+    type = "insufficient_quota"
+    code = "budget_exhausted"
+
+    def __init__(self, message: str, retry_after_s: int) -> None:
+        super().__init__(message)
+        self.retry_after_s = retry_after_s
+
+    def headers(self) -> dict[str, str]:
+        return {"retry-after": str(self.retry_after_s)}
+
+
+class BudgetStore(Protocol):
+    """Counters of spent and reserved USD under string keys.
+
+    ``reserve`` must be atomic over all its keys: all of them take the amount, or none does.
+    ``settle`` must not block the event loop: a networked store queues it and applies it soon after.
+    """
+
+    async def reserve(self, keys: Sequence[str], limits: Sequence[float], amount: float) -> bool: ...
+
+    def settle(self, keys: Sequence[str], reserved: float, actual: float) -> None: ...
+
+    def seed(self, key: str, spent: float) -> None: ...
+
+    def read(self, key: str) -> tuple[float, float]: ...
+
+    async def close(self) -> None: ...
+
+
+class MemoryBudgetStore:
+    """One process's counters; atomic because nothing awaits between the check and the update."""
+
+    def __init__(self) -> None:
+        self._counters: dict[str, list[float]] = {}  # key -> [spent, reserved]
+
+    def _counter(self, key: str) -> list[float]:
+        counter = self._counters.get(key)
+        if counter is None:
+            counter = self._counters[key] = [0.0, 0.0]
+        return counter
+
+    async def reserve(self, keys: Sequence[str], limits: Sequence[float], amount: float) -> bool:
+        counters = [self._counter(key) for key in keys]
+        for (spent, reserved), limit in zip(counters, limits, strict=True):
+            committed = spent + reserved
+            # A cap already reached refuses even a request predicted to cost nothing.
+            if committed >= limit or committed + amount > limit:
+                return False
+        for counter in counters:
+            counter[1] += amount
+        return True
+
+    def settle(self, keys: Sequence[str], reserved: float, actual: float) -> None:
+        for key in keys:
+            counter = self._counter(key)
+            counter[0] += actual
+            counter[1] = max(0.0, counter[1] - reserved)
+
+    def seed(self, key: str, spent: float) -> None:
+        self._counters.setdefault(key, [spent, 0.0])
+
+    def read(self, key: str) -> tuple[float, float]:
+        counter = self._counters.get(key)
+        return (0.0, 0.0) if counter is None else (counter[0], counter[1])
+
+    async def close(self) -> None:
+        return None
+
+
+class Cap(NamedTuple):
+    """One limit that applies to a request: e.g. route 'kimi-k3', day, $50."""
+
+    scope: Scope
+    name: str
+    period: Period
+    limit_usd: float
+    on_exhausted: str
+
+
+class BudgetUse(NamedTuple):
+    scope: Scope
+    name: str
+    period: Period
+    limit_usd: float
+    spent_usd: float
+    reserved_usd: float
+
+    @property
+    def remaining_usd(self) -> float:
+        return self.limit_usd - self.spent_usd - self.reserved_usd
+
+
+@dataclass(frozen=True, slots=True)
+class Reservation:
+    keys: tuple[str, ...]
+    amount: float
+    wall: float  # when it was admitted: the day and month its cost belongs to
+
+
+def period_id(period: Period, wall: float) -> str:
+    t = time.gmtime(wall)
+    return f"{t.tm_year:04d}-{t.tm_mon:02d}" + (f"-{t.tm_mday:02d}" if period == "day" else "")
+
+
+def period_bounds(period: Period, wall: float) -> tuple[float, float]:
+    """Start and end (Unix seconds) of the UTC day or month holding ``wall``."""
+    t = time.gmtime(wall)
+    if period == "day":
+        start = calendar.timegm((t.tm_year, t.tm_mon, t.tm_mday, 0, 0, 0))
+        return float(start), float(start + 86_400)
+    start = calendar.timegm((t.tm_year, t.tm_mon, 1, 0, 0, 0))
+    year, month = (t.tm_year + 1, 1) if t.tm_mon == 12 else (t.tm_year, t.tm_mon + 1)
+    return float(start), float(calendar.timegm((year, month, 1, 0, 0, 0)))
+
+
+def counter_key(scope: Scope, name: str, period: Period, wall: float) -> str:
+    return f"budget:{scope}:{name}:{period}:{period_id(period, wall)}"
+
+
+def caps_of(scope: Scope, name: str, limits: BudgetLimits | None) -> list[Cap]:
+    if limits is None:
+        return []
+    by_period = {"day": limits.per_day_usd, "month": limits.per_month_usd}
+    return [
+        Cap(scope, name, period, limit, limits.on_exhausted)
+        for period in PERIODS
+        if (limit := by_period[period]) is not None
+    ]
+
+
+def reservation_usd(evaluation: CandidateEval, backend: CompiledBackend) -> float:
+    """What the ledger will likely charge: the decision's expected cost, except that a GPU-hour pool
+    is priced amortized even where routing counts its headroom as free (marginal), because the
+    ledger, and so the budget, charges every request its share of the pool's hour."""
+    if backend.pool_price is None:
+        return evaluation.expected_cost_usd or 0.0
+    per_mtok = evaluation.usd_per_mtok_out
+    # No measured or assumed throughput: the ledger will charge nothing either ("gpu_hours_unmeasured").
+    return 0.0 if per_mtok is None else evaluation.predicted_output_tokens * per_mtok / TOKENS_PER_MTOK
+
+
+class Budgets:
+    """Admission and settlement against every cap that applies to a request."""
+
+    def __init__(self, store: BudgetStore) -> None:
+        self.store = store
+        self._held: dict[int, Reservation] = {}  # by id() of the request's Observation
+
+    @property
+    def reserved_in_flight(self) -> int:
+        return len(self._held)
+
+    def caps(self, route: CompiledRoute, api_key_name: str | None) -> list[Cap]:
+        # Per-key caps will hang off the key's name the same way: caps_of("key", name, key.budgets).
+        return caps_of("route", route.name, route.budgets)
+
+    async def admit(
+        self,
+        observation: Observation,
+        route: CompiledRoute,
+        decision: Decision,
+        policy: CompiledPolicy,
+        wall: float,
+    ) -> tuple[str, ...]:
+        """The backends this request may try, with its predicted cost reserved; BudgetExhausted if none.
+
+        The reservation covers the dearest backend the request may end on, fallbacks included; when
+        that does not fit, dearer fallbacks are dropped, and with ``fallback_cheaper`` so is the chosen
+        backend, down to the cheapest candidate that fits.
+        """
+        caps = self.caps(route, observation.api_key_name)
+        order = decision.order
+        if not caps:
+            return order
+        costs = {e.backend: reservation_usd(e, policy.backends[e.backend]) for e in decision.evals}
+        keys = tuple(counter_key(c.scope, c.name, c.period, wall) for c in caps)
+        limits = tuple(c.limit_usd for c in caps)
+        cheaper_allowed = all(c.on_exhausted == "fallback_cheaper" for c in caps)
+        for level in sorted({costs[b] for b in order}, reverse=True):
+            allowed = tuple(b for b in order if costs[b] <= level)
+            if not cheaper_allowed and allowed[0] != order[0]:
+                break
+            if await self.store.reserve(keys, limits, level):
+                self._held[id(observation)] = Reservation(keys, level, wall)
+                if allowed[0] != order[0]:
+                    observation.decision_reason = "budget_fallback_cheaper"
+                return allowed
+        raise self._exhausted(caps, wall, costs[order[0]])
+
+    def settle(self, observation: Observation, started_wall: float) -> float | None:
+        """Count the request's real cost under every counter of its route (and key); returns what was
+        reserved for it, if anything. Every request is counted, capped or not, so a cap added by a
+        policy reload starts from the period's true spend."""
+        reservation = self._held.pop(id(observation), None)
+        actual = observation.cost_usd or 0.0
+        # Counted in the periods it was admitted in, even if it ends after midnight.
+        wall = started_wall if reservation is None else reservation.wall
+        scopes: list[tuple[Scope, str]] = [("route", observation.route)]
+        if observation.api_key_name is not None:
+            scopes.append(("key", observation.api_key_name))
+        keys = [counter_key(scope, name, period, wall) for scope, name in scopes for period in PERIODS]
+        if reservation is None:
+            self.store.settle(keys, 0.0, actual)
+            return None
+        self.store.settle(reservation.keys, reservation.amount, actual)
+        # Counters without a cap took no reservation: they only count (releasing one would free
+        # another request's reservation).
+        uncapped = [key for key in keys if key not in reservation.keys]
+        if uncapped:
+            self.store.settle(uncapped, 0.0, actual)
+        return reservation.amount
+
+    def usage(self, policy: CompiledPolicy, wall: float) -> list[BudgetUse]:
+        """Every cap in the policy with its counters now: for metrics and the dashboard."""
+        uses = []
+        for route in policy.routes.values():
+            for cap in self.caps(route, None):
+                spent, reserved = self.store.read(counter_key(cap.scope, cap.name, cap.period, wall))
+                uses.append(BudgetUse(cap.scope, cap.name, cap.period, cap.limit_usd, spent, reserved))
+        return uses
+
+    async def seed(self, ledger_path: Path, wall: float) -> None:
+        """Start this period's counters from the ledger, so a restart does not reset spend to zero."""
+        totals = await asyncio.to_thread(_period_totals, ledger_path, wall)
+        for key, spent in totals.items():
+            self.store.seed(key, spent)
+
+    async def close(self) -> None:
+        await self.store.close()
+
+    def _exhausted(self, caps: Sequence[Cap], wall: float, needed: float) -> BudgetExhausted:
+        worst: tuple[Cap, float, float] | None = None
+        for cap in caps:
+            spent, reserved = self.store.read(counter_key(cap.scope, cap.name, cap.period, wall))
+            if worst is None or spent + reserved - cap.limit_usd > worst[1] + worst[2] - worst[0].limit_usd:
+                worst = (cap, spent, reserved)
+        assert worst is not None  # admission only fails when some cap applies
+        cap, spent, reserved = worst
+        resets_at = period_bounds(cap.period, wall)[1]
+        reset = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(resets_at))
+        message = (
+            f"the {ADJECTIVES[cap.period]} budget of {cap.scope} '{cap.name}' is exhausted: ${spent:.4f} of "
+            f"${cap.limit_usd:.4f} spent and ${reserved:.4f} reserved by requests in flight; this request "
+            f"needs about ${needed:.4f}. The budget resets at {reset}."
+        )
+        return BudgetExhausted(message, max(1, int(resets_at - wall)))
+
+
+def _period_totals(ledger_path: Path, wall: float) -> Mapping[str, float]:
+    totals: dict[str, float] = {}
+    try:
+        conn = connect(ledger_path, readonly=True)
+    except sqlite3.Error:
+        return totals  # no ledger yet: nothing spent
+    try:
+        for period in PERIODS:
+            start, _ = period_bounds(period, wall)
+            scopes: tuple[Scope, ...] = ("route", "key")
+            for scope in scopes:
+                for row in spend_totals(conn, scope, start):
+                    if row.key is not None:
+                        totals[counter_key(scope, row.key, period, wall)] = row.cost_usd
+    finally:
+        conn.close()
+    return totals

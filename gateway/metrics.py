@@ -1,0 +1,294 @@
+"""Prometheus metrics, declared once, in a registry of the Runtime's own: counters and histograms fed
+from each finished request's Observation, gauges read at scrape time from live stats, budgets, the
+policy holder and the ledger. Labels are policy names (route, backend) or fixed vocabularies only.
+
+Gateway overhead is a request's total time (from its first byte read to its end) minus the time an
+upstream attempt was open. For a non-streamed request that is reading and parsing the body, the
+decision, budget admission and building the response. For a stream it is everything before the
+first attempt and between attempts (time to headers less the upstream's wait); the relay's work on
+each chunk happens while the attempt is open and is not in this figure.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import TYPE_CHECKING, Any
+
+from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+
+from gateway.costs import effective_usd_per_mtok
+from gateway.health import CIRCUIT_STATE_CODES
+from gateway.observation import Attempt, Observation
+
+if TYPE_CHECKING:
+    from gateway.runtime import Runtime
+
+TTFT_BUCKETS_S = (0.05, 0.1, 0.25, 0.5, 0.75, 1.0, 1.5, 2.0, 3.0, 5.0, 7.5, 10.0, 15.0, 30.0, 60.0, 120.0)
+FIRST_ANSWER_BUCKETS_S = (0.25, 0.5, 1.0, 2.0, 3.0, 5.0, 10.0, 20.0, 30.0, 60.0, 120.0, 300.0)
+DECODE_BUCKETS = (1.0, 2.0, 5.0, 10.0, 15.0, 20.0, 30.0, 50.0, 75.0, 100.0, 150.0, 200.0, 500.0)
+OVERHEAD_BUCKETS_S = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0)
+
+
+def upstream_error_type(attempt: Attempt) -> str | None:
+    """The fault an attempt shows, from a fixed vocabulary; None when it succeeded or the client left."""
+    status = attempt.status
+    if status in ("ok", "cancelled"):
+        return None
+    if status == "upstream_error" and attempt.http_status is not None:
+        code = attempt.http_status
+        return "http_429" if code == 429 else "http_5xx" if code >= 500 else "http_4xx"
+    return status
+
+
+def overhead_s(observation: Observation) -> float | None:
+    if observation.finished_at is None:
+        return None
+    upstream = sum(a.duration_s or 0.0 for a in observation.attempts)
+    return max(0.0, observation.finished_at - observation.started_at - upstream)
+
+
+class GatewayMetrics:
+    def __init__(self, runtime: Runtime) -> None:
+        self.registry = registry = CollectorRegistry(auto_describe=True)
+        route_backend = ["route", "backend"]
+        self.requests = Counter(
+            "gateway_requests",
+            "Finished requests by route, last backend tried and outcome (ok, or the error type).",
+            ["route", "backend", "status"],
+            registry=registry,
+        )
+        self.tokens = Counter(
+            "gateway_tokens",
+            "Tokens by kind: input (uncached prompt), cached_input, output (answer) and reasoning; "
+            "the kinds do not overlap, so their sum is every token.",
+            ["route", "backend", "kind"],
+            registry=registry,
+        )
+        self.spend = Counter(
+            "gateway_spend_usd",
+            "USD charged to requests (GPU-hour pools amortized), by route and the backend the ledger names.",
+            route_backend,
+            registry=registry,
+        )
+        self.decisions = Counter(
+            "gateway_decisions",
+            "Routing decisions by route and reason.",
+            ["route", "reason"],
+            registry=registry,
+        )
+        self.upstream_errors = Counter(
+            "gateway_upstream_errors",
+            "Failed upstream attempts, by backend and type (http_5xx, http_429, timeout, dropped, ...).",
+            ["backend", "type"],
+            registry=registry,
+        )
+        self.ttft = Histogram(
+            "gateway_ttft_seconds",
+            "Upstream time to first token (reasoning or answer) per attempt.",
+            route_backend,
+            buckets=TTFT_BUCKETS_S,
+            registry=registry,
+        )
+        self.first_answer = Histogram(
+            "gateway_time_to_first_answer_seconds",
+            "Upstream time to the first answer (non-reasoning) token per attempt.",
+            route_backend,
+            buckets=FIRST_ANSWER_BUCKETS_S,
+            registry=registry,
+        )
+        self.decode = Histogram(
+            "gateway_decode_tokens_per_second",
+            "Decode speed of successful attempts: output tokens after the first, over the time they took.",
+            route_backend,
+            buckets=DECODE_BUCKETS,
+            registry=registry,
+        )
+        self.overhead = Histogram(
+            "gateway_overhead_seconds",
+            "The gateway's own time per request: total time minus time with an upstream attempt open.",
+            ["stream"],
+            buckets=OVERHEAD_BUCKETS_S,
+            registry=registry,
+        )
+        self.policy_loaded_at = runtime.wall_clock()
+        # Label values are policy names and fixed vocabularies, so this stays as small as the policy.
+        self._children: dict[tuple[int, tuple[str, ...]], Any] = {}
+        registry.register(LiveCollector(runtime, self))
+
+    def request_finished(self, observation: Observation) -> None:
+        route, backend = observation.route, observation.backend or ""
+        status = "ok" if observation.status == "ok" else observation.error_type or "error"
+        self._child(self.requests, route, backend, status).inc()
+        if observation.decision_reason is not None:
+            self._child(self.decisions, route, observation.decision_reason).inc()
+        if observation.cost_usd:
+            self._child(self.spend, route, backend).inc(observation.cost_usd)
+        for attempt in observation.attempts:
+            self._attempt(route, attempt)
+        overhead = overhead_s(observation)
+        if overhead is not None:
+            self._child(self.overhead, "true" if observation.stream else "false").observe(overhead)
+
+    def _attempt(self, route: str, attempt: Attempt) -> None:
+        backend = attempt.backend
+        fault = upstream_error_type(attempt)
+        if fault is not None:
+            self._child(self.upstream_errors, backend, fault).inc()
+        if attempt.ttft_s is not None:
+            self._child(self.ttft, route, backend).observe(attempt.ttft_s)
+        if attempt.first_answer_s is not None:
+            self._child(self.first_answer, route, backend).observe(attempt.first_answer_s)
+        usage = attempt.usage
+        if usage is not None:
+            cached = min(usage.cached_prompt_tokens, usage.prompt_tokens)
+            reasoning = min(usage.reasoning_tokens, usage.completion_tokens)
+            for kind, count in (
+                ("input", usage.prompt_tokens - cached),
+                ("cached_input", cached),
+                ("output", usage.completion_tokens - reasoning),
+                ("reasoning", reasoning),
+            ):
+                if count:
+                    self._child(self.tokens, route, backend, kind).inc(count)
+        if attempt.status == "ok":
+            speed = attempt.decode_tokens_per_s
+            if speed is not None:
+                self._child(self.decode, route, backend).observe(speed)
+
+    def _child(self, metric: Any, *labels: str) -> Any:
+        """``metric.labels(*labels)``, remembered: prometheus_client validates and locks on every
+        ``labels()`` call, which cost more than the rest of a request's accounting together."""
+        key = (id(metric), labels)
+        child = self._children.get(key)
+        if child is None:
+            child = self._children[key] = metric.labels(*labels)
+        return child
+
+    def policy_installed(self, wall: float) -> None:
+        self.policy_loaded_at = wall
+
+    def exposition(self) -> bytes:
+        return generate_latest(self.registry)
+
+
+class LiveCollector:
+    """Gauges that are read, not counted: computed from the runtime's state at each scrape."""
+
+    def __init__(self, runtime: Runtime, metrics: GatewayMetrics) -> None:
+        self._runtime = runtime
+        self._metrics = metrics
+
+    def describe(self) -> list[Metric]:
+        return []  # families are built at scrape time; nothing to check for clashes up front
+
+    def collect(self) -> Iterator[Metric]:
+        yield from self._backends()
+        yield self._errors()
+        yield from self._budgets()
+        yield from self._policy()
+        yield from self._ledger()
+
+    def _backends(self) -> Iterator[Metric]:
+        runtime = self._runtime
+        policy = runtime.policy
+        inflight = GaugeMetricFamily(
+            "gateway_backend_inflight_requests", "Attempts in flight to each backend.", labels=["backend"]
+        )
+        circuit = GaugeMetricFamily(
+            "gateway_backend_circuit_state",
+            "Circuit state: 0 closed, 1 open, 2 half-open.",
+            labels=["backend"],
+        )
+        opened = CounterMetricFamily(
+            "gateway_backend_circuit_opened", "Times each backend's circuit opened.", labels=["backend"]
+        )
+        price = GaugeMetricFamily(
+            "gateway_backend_usd_per_million_output_tokens",
+            "Effective USD per 1M output tokens: the list price, or a pool's hourly price over its live "
+            "aggregate throughput.",
+            labels=["backend"],
+        )
+        decode = GaugeMetricFamily(
+            "gateway_backend_decode_tokens_per_second",
+            "Live per-stream decode speed (time-decayed mean).",
+            labels=["backend"],
+        )
+        for name, view in runtime.stats.snapshot(policy.backends).items():
+            inflight.add_metric([name], view.inflight)
+            circuit.add_metric([name], CIRCUIT_STATE_CODES[view.circuit])
+            opened.add_metric([name], runtime.stats.circuit(name).opened_count)
+            usd = effective_usd_per_mtok(policy.backends[name], view.aggregate_tokens_per_s)
+            if usd is not None:
+                price.add_metric([name], usd)
+            if view.decode_tokens_per_s is not None:
+                decode.add_metric([name], view.decode_tokens_per_s)
+        yield from (inflight, circuit, opened, price, decode)
+
+    def _errors(self) -> Metric:
+        errors = CounterMetricFamily(
+            "gateway_errors",
+            "Error responses by origin and code: origin 'gateway' for its own refusals (bad request, auth, "
+            "budget, no backend), 'upstream' for upstream faults passed on to the client.",
+            labels=["origin", "code"],
+        )
+        for (origin, code), count in self._runtime.errors_returned.items():
+            errors.add_metric([origin, code], count)
+        return errors
+
+    def _budgets(self) -> Iterator[Metric]:
+        runtime = self._runtime
+        labels = ["scope", "name", "period"]
+        families = {
+            field: GaugeMetricFamily(f"gateway_budget_{field}_usd", help_text, labels=labels)
+            for field, help_text in (
+                ("limit", "Budget cap for the current UTC day or month."),
+                ("spent", "USD spent against the budget this period."),
+                ("reserved", "USD reserved by admitted requests still in flight."),
+                ("remaining", "Cap minus spent minus reserved; negative when overspent."),
+            )
+        }
+        for use in runtime.budgets.usage(runtime.policy, runtime.wall_clock()):
+            key = [use.scope, use.name, use.period]
+            families["limit"].add_metric(key, use.limit_usd)
+            families["spent"].add_metric(key, use.spent_usd)
+            families["reserved"].add_metric(key, use.reserved_usd)
+            families["remaining"].add_metric(key, use.remaining_usd)
+        yield from families.values()
+
+    def _policy(self) -> Iterator[Metric]:
+        source = self._runtime.policy_source
+        yield CounterMetricFamily(
+            "gateway_policy_reloads", "Policy edits installed.", value=getattr(source, "reloads", 0)
+        )
+        yield CounterMetricFamily(
+            "gateway_policy_reload_failures",
+            "Policy edits rejected (the last good policy kept serving).",
+            value=getattr(source, "reload_failures", 0),
+        )
+        ok = getattr(source, "last_error", None) is None
+        yield GaugeMetricFamily(
+            "gateway_policy_last_reload_ok", "1 if the policy file on disk is the one serving.", value=int(ok)
+        )
+        yield GaugeMetricFamily(
+            "gateway_policy_last_reload_success_timestamp_seconds",
+            "When the serving policy was installed (Unix time).",
+            value=self._metrics.policy_loaded_at,
+        )
+
+    def _ledger(self) -> Iterator[Metric]:
+        ledger = self._runtime.ledger
+        yield CounterMetricFamily(
+            "gateway_ledger_rows_written", "Ledger rows written to disk.", value=ledger.rows_written
+        )
+        yield CounterMetricFamily(
+            "gateway_ledger_rows_dropped",
+            "Ledger rows dropped because the writer fell too far behind.",
+            value=ledger.rows_dropped,
+        )
+        yield CounterMetricFamily(
+            "gateway_ledger_write_errors", "Failed ledger batch writes (retried).", value=ledger.write_errors
+        )
+        yield GaugeMetricFamily(
+            "gateway_ledger_pending_rows", "Ledger rows waiting to be written.", value=ledger.pending
+        )

@@ -1,0 +1,108 @@
+"""`gateway spend` reads the ledger: totals per route, backend or key, as a table, CSV or JSON, and the
+idle remainder of GPU-hour pools when given the policy."""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import subprocess
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from gateway.spend import parse_since
+from tests.servers import python_module
+
+from .conftest import MakeGateway, chat, ledger_path, ledger_rows, settle
+
+ROUTES = """
+  vllm-only:
+    backends: [b300-vllm]
+  paid-only:
+    backends: [paid-api]
+"""
+
+
+def spend(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        python_module("gateway", "spend", *args), capture_output=True, text=True, check=False, timeout=60
+    )
+
+
+@pytest.fixture
+def traffic(make_gateway: MakeGateway, tmp_path: Path) -> Path:
+    gateway = make_gateway(ROUTES)
+    for route, stream in (("paid-only", False), ("paid-only", True), ("vllm-only", True)):
+        assert chat(gateway, route, stream=stream).status_code == 200
+    settle(gateway, 3)
+    return ledger_path(tmp_path)
+
+
+def totals_by(ledger: Path, column: str) -> dict[str, tuple[int, int, float]]:
+    out: dict[str, tuple[int, int, float]] = {}
+    for row in ledger_rows(ledger):
+        requests, tokens, usd = out.get(row[column], (0, 0, 0.0))
+        out[row[column]] = (requests + 1, tokens + row["completion_tokens"], usd + row["cost_usd"])
+    return out
+
+
+def test_json_by_route_matches_the_ledger(traffic: Path) -> None:
+    result = spend("--ledger", str(traffic), "--by", "route", "--format", "json", "--since", "1h")
+    assert result.returncode == 0, result.stderr
+    report = json.loads(result.stdout)
+    got = {r["route"]: (r["requests"], r["completion_tokens"], r["cost_usd"]) for r in report["rows"]}
+    expected = totals_by(traffic, "route")
+    assert got.keys() == expected.keys()
+    for route, (requests, tokens, usd) in expected.items():
+        assert got[route][:2] == (requests, tokens)
+        assert got[route][2] == pytest.approx(usd, rel=1e-12)
+    assert report["total_usd"] == pytest.approx(sum(v[2] for v in expected.values()), rel=1e-12)
+    paid = next(r for r in report["rows"] if r["route"] == "paid-only")
+    assert paid["usd_per_mtok_out"] == pytest.approx(paid["cost_usd"] / paid["completion_tokens"] * 1e6)
+    assert "--policy" in report["note"]
+
+
+def test_table_and_csv_by_backend_and_key(traffic: Path) -> None:
+    table = spend("--ledger", str(traffic), "--by", "backend")
+    assert table.returncode == 0, table.stderr
+    lines = table.stdout.splitlines()
+    assert lines[0].startswith("spend by backend")
+    assert any(line.startswith("paid-api") for line in lines) and lines[-2].startswith("total")
+    rows = list(csv.DictReader(io.StringIO(spend("--ledger", str(traffic), "--format", "csv").stdout)))
+    assert {r["route"] for r in rows} == {"paid-only", "vllm-only"}
+    assert sum(int(r["requests"]) for r in rows) == 3
+    by_key = json.loads(spend("--ledger", str(traffic), "--by", "key", "--format", "json").stdout)
+    assert [(r["key"], r["requests"]) for r in by_key["rows"]] == [("(none)", 3)]
+
+
+def test_idle_remainder_of_gpu_hour_pools_with_the_policy(traffic: Path, tmp_path: Path) -> None:
+    started = min(r["time"] for r in ledger_rows(traffic))
+    args = ("--ledger", str(traffic), "--by", "backend", "--format", "json", "--policy")
+    result = spend(*args, str(tmp_path / "policy.yaml"))
+    upper_hours = (time.time() - started) / 3600
+    assert result.returncode == 0, result.stderr
+    rows: dict[str, dict[str, Any]] = {r["backend"]: r for r in json.loads(result.stdout)["rows"]}
+    # The A100 pool served nothing: its whole time since the ledger's first row is idle.
+    idle = rows["(idle) a100-llamacpp"]
+    assert 0 < idle["cost_usd"] <= 20.09 * upper_hours and idle["cost_basis"] == "gpu_hours_idle"
+    assert "(idle) b300-vllm" in rows and "(idle) paid-api" not in rows
+
+
+def test_since_and_errors() -> None:
+    now = 1_750_000_000.0
+    assert parse_since("24h", now) == now - 86_400
+    assert parse_since("90s", now) == now - 90
+    assert parse_since("2025-06-01", now) == 1_748_736_000.0
+    with pytest.raises(ValueError, match="24h"):
+        parse_since("yesterday", now)
+    missing = spend("--ledger", "/nonexistent/ledger.sqlite3")
+    assert missing.returncode == 2 and "no ledger" in missing.stderr
+
+
+def test_a_window_with_no_requests_is_an_empty_report(traffic: Path) -> None:
+    result = spend("--ledger", str(traffic), "--since", "2999-01-01", "--format", "json")
+    assert result.returncode == 0
+    assert json.loads(result.stdout)["rows"] == []
