@@ -5,9 +5,11 @@ counting; every stream also yields a real TTFT and decode speed."""
 from __future__ import annotations
 
 import os
+import sqlite3
 import time
 from typing import Any
 
+import httpx
 import openai
 import pytest
 from openai.types.chat import ChatCompletionMessageParam
@@ -145,3 +147,48 @@ def test_streaming_text_completion_is_counted_and_measured(real_gateway: Gateway
     assert_measured_stream(observation)
     assert observation.final is not None and observation.final.usage is not None
     assert observation.final.usage.source == "counted" and observation.final.usage.completion_tokens > 0
+
+
+def test_ledger_metrics_and_cost_carry_the_real_measurements(real_gateway: Gateway) -> None:
+    """The row and the metrics carry what was measured, and a GPU-hour pool charges the request its
+    time share: the hourly price times completion tokens over the pool's measured tokens/s."""
+    request_id = new_request_id()
+    stream_chat(real_gateway, request_id)
+    observation = observation_of(real_gateway, request_id)
+    attempt = observation.final
+    assert attempt is not None and attempt.usage is not None
+    runtime = real_gateway.runtime
+    measured_tokens_per_s = runtime.stats.view(BACKEND).aggregate_tokens_per_s
+    assert measured_tokens_per_s is not None and measured_tokens_per_s > 0
+    pool = runtime.policy.backends[BACKEND].pool_price
+    assert pool is not None
+    time_share_s = attempt.usage.completion_tokens / measured_tokens_per_s
+    assert observation.cost_basis == "gpu_hours_amortized"
+    assert observation.cost_usd == pytest.approx(pool.usd_per_hour / 3600 * time_share_s, rel=1e-6)
+
+    row = ledger_row(real_gateway, request_id)
+    assert row["backend"] == BACKEND and row["usage_source"] == "counted"
+    assert row["completion_tokens"] == attempt.usage.completion_tokens
+    assert row["ttft_s"] == pytest.approx(attempt.ttft_s) and row["ttft_s"] > 0
+    assert row["decode_tokens_per_s"] > 0
+    assert row["cost_usd"] == pytest.approx(observation.cost_usd)
+
+    exposition = httpx.get(real_gateway.url + "/metrics").text
+    assert f'gateway_ttft_seconds_count{{backend="{BACKEND}"' in exposition
+    assert f'gateway_decode_tokens_per_second_count{{backend="{BACKEND}"' in exposition
+    assert f'gateway_spend_usd_total{{backend="{BACKEND}"' in exposition
+
+
+def ledger_row(gateway: Gateway, request_id: str, timeout: float = 30.0) -> dict[str, Any]:
+    """The ledger row of one request, once the writer thread has committed it."""
+    path = gateway.runtime.ledger.path
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if path.exists():
+            with sqlite3.connect(f"file:{path}?mode=ro", uri=True) as conn:
+                conn.row_factory = sqlite3.Row
+                found = conn.execute("SELECT * FROM requests WHERE request_id = ?", (request_id,)).fetchone()
+            if found is not None:
+                return dict(found)
+        time.sleep(0.1)
+    raise AssertionError(f"no ledger row for request {request_id}")
