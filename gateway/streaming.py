@@ -52,6 +52,10 @@ class StreamMeter:
         self.done = False
         self.upstream_error: Any = None
 
+    def saw_done(self) -> bool:
+        """Whether ``data: [DONE]`` went by: the stream is complete for the client."""
+        return self.done
+
     def feed(self, data: bytes, now: float) -> bytes:
         """Take bytes from the network; return the complete events to forward now."""
         buf = self._tail + data if self._tail else data
@@ -211,13 +215,14 @@ class StreamRelay:
     async def _relay(self, send: Send) -> None:
         meter, clock = self._meter, self._clock
         try:
-            async for data in self._chunks:
-                out = meter.feed(data, clock())
-                if out:
-                    await send({"type": "http.response.body", "body": out, "more_body": True})
-                if meter.done:
-                    break
-            else:
+            if not meter.saw_done():  # a short stream may have ended within its very first read
+                async for data in self._chunks:
+                    out = meter.feed(data, clock())
+                    if out:
+                        await send({"type": "http.response.body", "body": out, "more_body": True})
+                    if meter.saw_done():
+                        break
+            if not meter.saw_done():
                 raise AttemptFailure("dropped", "upstream closed the stream before it finished")
         except AttemptFailure as failure:
             self._attempt.status = "timeout" if failure.kind == "timeout" else "dropped"

@@ -8,9 +8,11 @@ from typing import Any
 
 import httpx
 import openai
+import orjson
 import pytest
 
-from tests.conftest import PAID_KEY, Gateway, Upstreams
+from tests.conftest import PAID_KEY, Gateway, Upstreams, running_gateway
+from tests.servers import threaded_server
 
 HELLO = [{"role": "user", "content": "Say hello"}]
 ROUTES = {"vllm-only": "b300-vllm", "llamacpp-only": "a100-llamacpp", "paid-only": "paid-api"}
@@ -244,3 +246,51 @@ def test_health_and_ready(gateway: Gateway, upstreams: Upstreams) -> None:
     ready = httpx.get(gateway.url + "/ready")
     assert ready.status_code == 200 and ready.json()["ready"] is True
     assert ready.json()["backends"]["b300-vllm"] == "ok"
+
+
+def test_a_stream_that_arrives_in_one_read_is_complete(
+    tmp_path: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An unpaced upstream may deliver the whole stream, [DONE] included, in the first network read."""
+    from starlette.applications import Starlette
+    from starlette.requests import Request
+    from starlette.responses import Response
+    from starlette.routing import Route
+
+    events = [
+        {"choices": [{"index": 0, "delta": {"role": "assistant", "content": ""}}]},
+        *({"choices": [{"index": 0, "delta": {"content": f"w{i} "}}]} for i in range(5)),
+        {"choices": [], "usage": {"prompt_tokens": 3, "completion_tokens": 5, "total_tokens": 8}},
+    ]
+    body = b"".join(b"data: " + orjson.dumps(e) + b"\n\n" for e in events) + b"data: [DONE]\n\n"
+
+    async def whole_stream(request: Request) -> Response:
+        return Response(body, media_type="text/event-stream")
+
+    upstream = Starlette(routes=[Route("/v1/chat/completions", whole_stream, methods=["POST"])])
+    with threaded_server(upstream) as server:
+        policy = tmp_path / "policy.yaml"
+        policy.write_text(
+            f"""
+backends:
+  burst:
+    dialect: openai
+    url: {server.url}/v1
+    model: m
+    pricing: {{per_token: {{input_usd_per_mtok: 1, output_usd_per_mtok: 2}}}}
+routes:
+  burst: {{backends: [burst]}}
+"""
+        )
+        with running_gateway(policy) as gateway:
+            for _ in range(5):
+                chunks = list(
+                    sdk(gateway).chat.completions.create(model="burst", messages=HELLO, stream=True)
+                )
+                assert (
+                    "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+                    == "w0 w1 w2 w3 w4 "
+                )
+                observation = last_observation(gateway)
+                assert observation.status == "ok" and observation.final.status == "ok"
+                assert observation.final.usage.completion_tokens == 5
