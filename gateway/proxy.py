@@ -68,9 +68,7 @@ async def complete(runtime: Runtime, request: Request, endpoint: Endpoint) -> Re
         client.route, estimate_tokens(client.prompt_chars), client.max_tokens, client.stream
     )
     observation.decision_reason = decision.reason
-    for evaluation in decision.evals:
-        if evaluation.backend == decision.chosen:
-            observation.expected_cost_usd = evaluation.expected_cost_usd
+    observation.expected_cost_usd = decision.expected_cost_usd
     if not decision.order:
         runtime.request_failed(observation, "no_backend_available")
         raise NoRouteAvailable(

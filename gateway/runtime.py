@@ -28,7 +28,7 @@ from gateway.ledger import Ledger, row_of
 from gateway.metrics import GatewayMetrics
 from gateway.observation import Attempt, Observation
 from gateway.policy.compiled import CompiledPolicy, CompiledRoute
-from gateway.policy.decide import Decision, RequestFeatures, decide
+from gateway.policy.decide import Decision, DecisionMemo, RequestFeatures, decide
 from gateway.signals import SignalScraper
 from gateway.spend import SpendTally, seed_tally
 from gateway.stats import AttemptTicket, LiveStats
@@ -71,6 +71,7 @@ class Runtime:
         # The last requests, newest last: for /admin, the dashboard and tests.
         self.recent: deque[Observation] = deque(maxlen=256)
         self._tickets: dict[int, AttemptTicket] = {}
+        self._decision_memo: DecisionMemo = {}
         # Error responses by (origin, code): "gateway" refusals (auth, bad request, budget) apart from
         # "upstream" faults, so an operator can tell whose problem an error rate is.
         self.errors_returned: Counter[tuple[str, str]] = Counter()
@@ -135,7 +136,8 @@ class Runtime:
         self, route: CompiledRoute, prompt_tokens: int, max_tokens: int | None, stream: bool
     ) -> Decision:
         features = RequestFeatures(route.name, prompt_tokens, max_tokens, stream)
-        return decide(features, route, self.policy, self.stats.snapshot(route.backends), self.rng)
+        snapshot = self.stats.snapshot(route.backends)
+        return decide(features, route, self.policy, snapshot, self.rng, self._decision_memo)
 
     def authenticate(self, headers: Headers) -> ApiKey | None:
         keys = self.policy.api_keys

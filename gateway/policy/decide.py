@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Literal, NamedTuple
 
-from gateway.costs import effective_usd_per_mtok, expected_cost, predict_output_tokens
+from gateway.costs import TOKENS_PER_MTOK, effective_usd_per_mtok, expected_cost, predict_output_tokens
 from gateway.policy.compiled import CompiledBackend, CompiledPolicy, CompiledRoute
 from gateway.policy.schema import Objective, Slo
 from gateway.stats import BackendView
@@ -101,15 +101,84 @@ class CandidateEval(NamedTuple):
         return fields
 
 
-@dataclass(frozen=True, slots=True)
+class Standing(NamedTuple):
+    """The part of a candidate's evaluation that does not depend on the request.
+
+    It holds for one (view, backend, route) until the stats publish a new view, so a busy gateway
+    computes it once per stats refresh instead of once per request and candidate.
+    """
+
+    blocked_by: tuple[str, ...]  # everything but the per-request context-window check
+    measured: bool
+    feasible: bool
+    ttft_p95_s: float | None
+    first_answer_p95_s: float | None
+    decode_tokens_per_s: float | None
+    queue_wait_s: float
+    usd_per_mtok_out: float | None
+    marginal_headroom: bool
+    meets_ttft: bool | None
+    meets_decode: bool | None
+    meets_first_answer: bool | None
+    samples: int
+    last_sample_at: float | None
+    learned_output_tokens: float | None
+    default_output_tokens: float  # learned, else the prior for this kind of model; before max_tokens
+    # Expected cost = prompt tokens x the first + output tokens x the second (None: unknown yet).
+    usd_per_prompt_token: float
+    usd_per_output_token: float | None
+
+
+# What a decision remembers between requests: per (backend, route), the view its standing was
+# computed from. Owned by the caller (the Runtime), so ``decide`` stays a function of its inputs.
+DecisionMemo = dict[tuple[str, str], tuple[BackendView, CompiledBackend, Standing]]
+
+
 class Decision:
-    order: tuple[str, ...]  # the chosen backend first, then fallbacks in preference order
-    reason: Reason
-    evals: tuple[CandidateEval, ...]
+    """The chosen order and its reason; the per-candidate evaluations are built only when read
+    (``/admin/explain``, budgets), since most requests need just the order."""
+
+    __slots__ = ("_build", "_evals", "expected_cost_usd", "order", "reason")
+
+    def __init__(
+        self,
+        order: tuple[str, ...],
+        reason: Reason,
+        evals: tuple[CandidateEval, ...] | Callable[[], tuple[CandidateEval, ...]],
+        expected_cost_usd: float | None = None,
+    ) -> None:
+        self.order = order  # the chosen backend first, then fallbacks in preference order
+        self.reason = reason
+        self.expected_cost_usd = expected_cost_usd  # of the chosen backend
+        if callable(evals):
+            self._build: Callable[[], tuple[CandidateEval, ...]] | None = evals
+            self._evals: tuple[CandidateEval, ...] | None = None
+        else:
+            self._build, self._evals = None, evals
+
+    @property
+    def evals(self) -> tuple[CandidateEval, ...]:
+        if self._evals is None:
+            assert self._build is not None
+            self._evals, self._build = self._build(), None
+        return self._evals
 
     @property
     def chosen(self) -> str | None:
         return self.order[0] if self.order else None
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, Decision):
+            return NotImplemented
+        return (self.order, self.reason, self.evals) == (other.order, other.reason, other.evals)
+
+    __hash__ = None  # type: ignore[assignment]
+
+    def __repr__(self) -> str:
+        return f"Decision(order={self.order!r}, reason={self.reason!r})"
+
+    def evaluation(self, backend: str) -> CandidateEval | None:
+        return next((e for e in self.evals if e.backend == backend), None)
 
 
 def decide(
@@ -118,66 +187,107 @@ def decide(
     policy: CompiledPolicy,
     snapshot: Mapping[str, BackendView],
     rng: random.Random,
+    memo: DecisionMemo | None = None,
 ) -> Decision:
-    backends = policy.backends
-    evals = tuple(
-        evaluate(req, backends[name], snapshot.get(name) or BackendView(name), route.slo)
-        for name in route.backends
-    )
-    eligible = [e for e in evals if e.eligible]
-    if not eligible:
-        return Decision((), "no_healthy_backend", evals)
-    order, reason = _rank(eligible, route)
-    order, reason = _maybe_explore(eligible, order, reason, route, rng)
-    return Decision(tuple(e.backend for e in order[: route.fallback.max_attempts]), reason, evals)
+    """Rank the route's eligible candidates: within the SLO by the objective, then the unmeasured,
+    then (unless the route rejects) the infeasible by ``when_infeasible``; maybe explore.
 
-
-def _rank(eligible: list[CandidateEval], route: CompiledRoute) -> tuple[list[CandidateEval], Reason]:
-    rank_key = _RANK_KEYS[route.objective]
-    within = sorted((e for e in eligible if e.measured and e.feasible), key=rank_key)
-    unmeasured = sorted((e for e in eligible if not e.measured), key=rank_key)
-    infeasible = [e for e in eligible if e.measured and not e.feasible]
-    if route.when_infeasible == "reject":
-        # Fallbacks never leave the SLO either: the route asked for no answer rather than a late one.
-        tail: list[CandidateEval] = []
-    else:
-        infeasible_key = _by_cost if route.when_infeasible == "cheapest" else _by_ttft
-        tail = sorted(infeasible, key=infeasible_key)
-    single = len(route.backends) == 1
-    if within:
-        return within + unmeasured + tail, "only_candidate" if single else WITHIN_SLO_REASONS[route.objective]
-    if unmeasured:
-        return unmeasured + tail, "only_candidate" if single else "unmeasured_candidate"
-    if route.when_infeasible == "reject":
-        return [], "rejected_no_feasible"
-    return tail, "no_feasible_cheapest" if route.when_infeasible == "cheapest" else "no_feasible_fastest"
-
-
-def _maybe_explore(
-    eligible: list[CandidateEval],
-    order: list[CandidateEval],
-    reason: Reason,
-    route: CompiledRoute,
-    rng: random.Random,
-) -> tuple[list[CandidateEval], Reason]:
-    """Now and then send a request to a candidate the policy avoids, so its measurements stay fresh.
-
-    Rejecting routes explore too: otherwise a route whose every backend once looked slow would
-    reject forever, with nothing left to show that a backend recovered.
+    Each candidate becomes one plain sort key, ``(class, primary, secondary, index)``, so ranking is
+    a C-speed sort of tuples; the index keeps route order among equals.
     """
-    if route.exploration <= 0:
-        return order, reason
-    chosen = order[0].backend if order else None
-    others = [e for e in eligible if e.backend != chosen]
-    if not others or rng.random() >= route.exploration:
-        return order, reason
-    pick = min(others, key=_staleness)
-    return [pick, *(e for e in order if e is not pick)], "exploration"
+    backends = policy.backends
+    memo = {} if memo is None else memo
+    slo, names, objective = route.slo, route.backends, route.objective
+    reject = route.when_infeasible == "reject"
+    infeasible_by_cost = route.when_infeasible == "cheapest"
+    prompt, max_tokens = req.prompt_tokens, req.max_tokens
+    rows: list[tuple[CompiledBackend, BackendView, Standing]] = []
+    eligible: list[int] = []
+    keys: list[tuple[int, float, float, int]] = []
+    costs: list[float] = []
+    for index, name in enumerate(names):
+        backend = backends[name]
+        view = snapshot.get(name) or BackendView(name)
+        known = memo.get((name, route.name))
+        if known is not None and known[0] is view and known[1] is backend:
+            standing = known[2]
+        else:
+            standing = standing_of(backend, view, slo, route.name)
+            memo[(name, route.name)] = (view, backend, standing)
+        rows.append((backend, view, standing))
+        predicted = standing.default_output_tokens
+        if max_tokens is not None and predicted > max_tokens:
+            predicted = float(max_tokens)
+        per_output = standing.usd_per_output_token
+        cost = (
+            math.inf
+            if per_output is None
+            else prompt * standing.usd_per_prompt_token + predicted * per_output
+        )
+        costs.append(cost)
+        window = backend.context_window
+        if standing.blocked_by or (window is not None and prompt > window):
+            continue
+        eligible.append(index)
+        ttft = math.inf if standing.ttft_p95_s is None else standing.ttft_p95_s
+        if standing.measured and not standing.feasible:
+            if not reject:
+                keys.append((2, cost, ttft, index) if infeasible_by_cost else (2, ttft, cost, index))
+            continue
+        rank = 0 if standing.measured else 1
+        if objective == "lowest_cost":
+            keys.append((rank, cost, ttft, index))
+        elif objective == "lowest_ttft":
+            keys.append((rank, ttft, cost, index))
+        else:
+            decode = standing.decode_tokens_per_s
+            keys.append((rank, -decode if decode is not None else math.inf, cost, index))
+
+    def build_evals() -> tuple[CandidateEval, ...]:
+        return tuple(_evaluation(req, backend, view, slo, standing) for backend, view, standing in rows)
+
+    if not eligible:
+        return Decision((), "no_healthy_backend", build_evals)
+    keys.sort()
+    order = [key[3] for key in keys[: route.fallback.max_attempts]]
+    reason = _reason(keys[0][0] if keys else None, route)
+    if route.exploration > 0:
+        others = [i for i in eligible if not order or i != order[0]]
+        if others and rng.random() < route.exploration:
+            # Unmeasured first, then the least recently measured: avoided candidates take turns.
+            # (Fewest samples would starve all but the slowest backend, which gathers samples slowest.)
+            pick = min(others, key=lambda i: _staleness(rows[i][2]))
+            order = [pick, *(i for i in order if i != pick)]
+            reason = "exploration"
+    order = order[: route.fallback.max_attempts]
+    chosen_cost = costs[order[0]] if order else math.inf
+    return Decision(
+        tuple(names[i] for i in order), reason, build_evals, None if chosen_cost == math.inf else chosen_cost
+    )
+
+
+def _reason(best_rank: int | None, route: CompiledRoute) -> Reason:
+    single = len(route.backends) == 1
+    if best_rank == 0:
+        return "only_candidate" if single else WITHIN_SLO_REASONS[route.objective]
+    if best_rank == 1:
+        return "only_candidate" if single else "unmeasured_candidate"
+    if best_rank is None:
+        return "rejected_no_feasible"
+    return "no_feasible_cheapest" if route.when_infeasible == "cheapest" else "no_feasible_fastest"
+
+
+def _staleness(standing: Standing) -> tuple[bool, float]:
+    return standing.measured, -math.inf if standing.last_sample_at is None else standing.last_sample_at
 
 
 def evaluate(req: RequestFeatures, backend: CompiledBackend, view: BackendView, slo: Slo) -> CandidateEval:
     """Predict how ``backend`` would serve ``req`` now and whether that meets ``slo``."""
-    blocked_by = _blocked_by(req, backend, view)
+    return _evaluation(req, backend, view, slo, standing_of(backend, view, slo, req.route))
+
+
+def standing_of(backend: CompiledBackend, view: BackendView, slo: Slo, route: str) -> Standing:
+    blocked_by = _blocked_by(backend, view)
     queued_ahead, queue_wait = predict_queue(backend, view)
     ttft = None if view.ttft_p95_s is None else view.ttft_p95_s + queue_wait
     first_answer = None if view.first_answer_p95_s is None else view.first_answer_p95_s + queue_wait
@@ -187,29 +297,71 @@ def evaluate(req: RequestFeatures, backend: CompiledBackend, view: BackendView, 
     min_decode = slo.min_decode_tokens_per_s
     meets_decode = None if min_decode is None or decode is None else decode >= min_decode
     feasible = meets_ttft is not False and meets_decode is not False and meets_first_answer is not False
-    eligible = not blocked_by
     # Headroom is judged on what is known: unmeasured counts as feasible until traffic says otherwise.
-    headroom = eligible and feasible and queued_ahead == 0
-    learned = view.completion_tokens_by_route.get(req.route)
-    predicted_output = predict_output_tokens(backend.thinking, learned, req.max_tokens)
-    return CandidateEval(
-        backend.name,
-        eligible,
+    headroom = not blocked_by and feasible and queued_ahead == 0
+    usd_per_mtok = effective_usd_per_mtok(backend, view.aggregate_tokens_per_s)
+    learned = view.completion_tokens_by_route.get(route)
+    per_prompt, per_output = _cost_rates(backend, usd_per_mtok, headroom)
+    return Standing(
+        blocked_by,
         view.samples > 0,
         feasible,
         ttft,
         first_answer,
         decode,
         queue_wait,
-        effective_usd_per_mtok(backend, view.aggregate_tokens_per_s),
-        expected_cost(backend, view, req.prompt_tokens, predicted_output, headroom),
-        predicted_output,
+        usd_per_mtok,
         headroom,
         meets_ttft,
         meets_decode,
         meets_first_answer,
         view.samples,
         view.last_sample_at,
+        learned,
+        predict_output_tokens(backend.thinking, learned, None),
+        per_prompt,
+        per_output,
+    )
+
+
+def _cost_rates(
+    backend: CompiledBackend, usd_per_mtok: float | None, headroom: bool
+) -> tuple[float, float | None]:
+    """``costs.expected_cost`` as two rates: USD per prompt token and per output token."""
+    prices = backend.token_prices
+    if prices is not None:
+        # The split between reasoning and answer is unknown before sending: price it all as output.
+        return prices.input, prices.output
+    pool = backend.pool_price
+    if pool is not None and pool.accounting == "marginal" and headroom:
+        return 0.0, 0.0  # the hour is paid for: one more request within headroom costs nothing more
+    return 0.0, None if usd_per_mtok is None else usd_per_mtok / TOKENS_PER_MTOK
+
+
+def _evaluation(
+    req: RequestFeatures, backend: CompiledBackend, view: BackendView, slo: Slo, standing: Standing
+) -> CandidateEval:
+    blocked_by = standing.blocked_by + _too_long(req, backend)
+    headroom = standing.marginal_headroom and not blocked_by
+    predicted_output = predict_output_tokens(backend.thinking, standing.learned_output_tokens, req.max_tokens)
+    return CandidateEval(
+        backend.name,
+        not blocked_by,
+        standing.measured,
+        standing.feasible,
+        standing.ttft_p95_s,
+        standing.first_answer_p95_s,
+        standing.decode_tokens_per_s,
+        standing.queue_wait_s,
+        standing.usd_per_mtok_out,
+        expected_cost(backend, view, req.prompt_tokens, predicted_output, headroom),
+        predicted_output,
+        headroom,
+        standing.meets_ttft,
+        standing.meets_decode,
+        standing.meets_first_answer,
+        standing.samples,
+        standing.last_sample_at,
         blocked_by,
         slo,
     )
@@ -237,14 +389,12 @@ def predict_queue(backend: CompiledBackend, view: BackendView) -> tuple[int, flo
     return ahead, ahead * view.service_time_s / capacity
 
 
-def _blocked_by(req: RequestFeatures, backend: CompiledBackend, view: BackendView) -> tuple[str, ...]:
-    window = backend.context_window
+def _blocked_by(backend: CompiledBackend, view: BackendView) -> tuple[str, ...]:
     if (
         view.healthy
         and not view.booting
         and view.accepts_requests
         and view.inflight < backend.max_concurrency
-        and (window is None or req.prompt_tokens <= window)
     ):
         return ()  # the common case, kept free of string formatting
     blocked = []
@@ -254,9 +404,14 @@ def _blocked_by(req: RequestFeatures, backend: CompiledBackend, view: BackendVie
         blocked.append("circuit open" if view.circuit == "open" else "circuit half_open, probe in flight")
     if view.inflight >= backend.max_concurrency:
         blocked.append(f"at max concurrency {backend.max_concurrency}")
-    if backend.context_window is not None and req.prompt_tokens > backend.context_window:
-        blocked.append(f"prompt ~{req.prompt_tokens} tokens > context window {backend.context_window}")
     return tuple(blocked)
+
+
+def _too_long(req: RequestFeatures, backend: CompiledBackend) -> tuple[str, ...]:
+    window = backend.context_window
+    if window is None or req.prompt_tokens <= window:
+        return ()
+    return (f"prompt ~{req.prompt_tokens} tokens > context window {window}",)
 
 
 def _within(predicted_s: float | None, slo_ms: float | None) -> bool | None:
@@ -267,31 +422,3 @@ def _within(predicted_s: float | None, slo_ms: float | None) -> bool | None:
 
 def _seconds(value: float) -> str:
     return f"{value:.1f}s" if value >= 1.0 else f"{value * 1000.0:.0f}ms"
-
-
-def _known(value: float | None) -> float:
-    return math.inf if value is None else value
-
-
-def _by_cost(e: CandidateEval) -> tuple[float, float]:
-    return _known(e.expected_cost_usd), _known(e.ttft_p95_s)
-
-
-def _by_ttft(e: CandidateEval) -> tuple[float, float]:
-    return _known(e.ttft_p95_s), _known(e.expected_cost_usd)
-
-
-def _by_throughput(e: CandidateEval) -> tuple[float, float]:
-    tps = e.decode_tokens_per_s
-    return -tps if tps is not None else math.inf, _known(e.expected_cost_usd)
-
-
-def _staleness(e: CandidateEval) -> tuple[bool, float]:
-    """Unmeasured first, then least recently measured: avoided candidates take turns. (Fewest samples
-    would starve all but the slowest backend, which gathers samples slowest.)"""
-    return e.measured, -math.inf if e.last_sample_at is None else e.last_sample_at
-
-
-_RANK_KEYS: Mapping[Objective, Callable[[CandidateEval], tuple[float, float]]] = MappingProxyType(
-    {"lowest_cost": _by_cost, "lowest_ttft": _by_ttft, "highest_throughput": _by_throughput}
-)
