@@ -6,7 +6,7 @@ steps below, and every outcome (success, fallback, failure) lands in one ``Obser
 
 from __future__ import annotations
 
-import os
+import asyncio
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -15,7 +15,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from gateway.auth import authorize_route
-from gateway.backends.openai_compat import iter_chunks
+from gateway.backends.openai_compat import expect_chunks_within, iter_chunks
 from gateway.dialect import estimate_tokens, prompt_chars, read_completion
 from gateway.errors import (
     AttemptFailure,
@@ -55,7 +55,7 @@ async def complete(runtime: Runtime, request: Request, endpoint: Endpoint) -> Re
     client = parse_request(body, endpoint, policy)
     authorize_route(key, client.route.name)
     observation = Observation(
-        request_id=request_id(request),
+        request_id=request_id(request, runtime),
         route=client.route.name,
         endpoint=endpoint,
         stream=client.stream,
@@ -135,19 +135,25 @@ async def open_stream(
 ) -> StreamRelay:
     """Open the upstream stream and wait for its first event: until then a failure can still fall back."""
     first_byte_s = min(backend.timeouts.first_byte_s, remaining_s)
-    response = await runtime.upstream.open(backend, UPSTREAM_PATHS[endpoint], body, first_byte_s=first_byte_s)
+    path = UPSTREAM_PATHS[endpoint]
+    response = await runtime.upstream.open(backend, path, body, wait_s=first_byte_s, stream=True)
     meter = StreamMeter(attempt, client_wants_usage=client.wants_usage, prompt_chars=client.prompt_chars)
-    chunks = iter_chunks(backend, response, backend.timeouts.idle_s)
+    chunks = iter_chunks(backend, response)
     first = b""
     try:
-        while not first:
-            data = await anext(chunks, None)
-            if data is None:
-                raise AttemptFailure("dropped", f"{backend.name}: stream ended before its first event")
-            first = meter.feed(data, runtime.clock())
+        async with asyncio.timeout(first_byte_s):
+            while not first:
+                data = await anext(chunks, None)
+                if data is None:
+                    raise AttemptFailure("dropped", f"{backend.name}: stream ended before its first event")
+                first = meter.feed(data, runtime.clock())
+    except TimeoutError:
+        response.close()
+        raise AttemptFailure("timeout", f"{backend.name}: no first token in {first_byte_s:g}s") from None
     except AttemptFailure:
         response.close()
         raise
+    expect_chunks_within(response, backend.timeouts.idle_s)
 
     def finish() -> None:
         runtime.attempt_finished(observation, attempt)
@@ -175,8 +181,10 @@ async def complete_once(
     endpoint: Endpoint,
     remaining_s: float,
 ) -> Response:
-    first_byte_s = min(backend.timeouts.first_byte_s, remaining_s)
-    response = await runtime.upstream.open(backend, UPSTREAM_PATHS[endpoint], body, first_byte_s=first_byte_s)
+    # A whole answer's headers come only once it is complete, so its wait is the answer's, not a token's.
+    wait_s = min(backend.timeouts.answer_s, remaining_s)
+    path = UPSTREAM_PATHS[endpoint]
+    response = await runtime.upstream.open(backend, path, body, wait_s=wait_s, stream=False)
     raw = await runtime.upstream.read_body(backend, response, max(remaining_s, 1.0))
     response.release()
     attempt.finished_at = runtime.clock()
@@ -290,11 +298,12 @@ def final_error(failure: AttemptFailure | None, attempts: int) -> GatewayError:
     )
 
 
-def request_id(request: Request) -> str:
+def request_id(request: Request, runtime: Runtime) -> str:
+    """The client's ``x-request-id`` when it looks like one, so logs can be joined; else a new one."""
     given = request.headers.get("x-request-id", "")
     if 0 < len(given) <= 64 and given.replace("-", "").replace("_", "").isalnum():
         return given
-    return os.urandom(12).hex()
+    return runtime.new_request_id()
 
 
 def _decode(headers: list[tuple[bytes, bytes]]) -> list[tuple[str, str]]:

@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 import logging
+import os
 import random
 import time
 from collections import Counter, deque
@@ -72,6 +74,9 @@ class Runtime:
         self.recent: deque[Observation] = deque(maxlen=256)
         self._tickets: dict[int, AttemptTicket] = {}
         self._decision_memo: DecisionMemo = {}
+        # Request ids: random per process, then counted (a syscall per request for randomness is waste).
+        self._request_id_prefix = os.urandom(6).hex()
+        self._request_ids = itertools.count(1)
         # Error responses by (origin, code): "gateway" refusals (auth, bad request, budget) apart from
         # "upstream" faults, so an operator can tell whose problem an error rate is.
         self.errors_returned: Counter[tuple[str, str]] = Counter()
@@ -149,6 +154,9 @@ class Runtime:
         key = self.authenticate(headers)
         if key is not None and not key.admin:
             raise PermissionDenied(f"the API key '{key.name}' is not an admin key", code="admin_only")
+
+    def new_request_id(self) -> str:
+        return f"{self._request_id_prefix}{next(self._request_ids):012x}"
 
     def explain(self, route: CompiledRoute, prompt_tokens: int, max_tokens: int | None) -> Decision:
         """The decision a request would get now, without the exploration draw and without sending it."""

@@ -224,14 +224,16 @@ def test_upstream_dying_mid_stream_sends_an_error_event_then_closes(
     assert attempt.status == "dropped"
 
 
-def test_hanging_backend_times_out_and_falls_back(gateway: Gateway, upstreams: Upstreams) -> None:
+@pytest.mark.parametrize("stream", [False, True])
+def test_hanging_backend_times_out_and_falls_back(
+    gateway: Gateway, upstreams: Upstreams, stream: bool
+) -> None:
     set_faults(upstreams.vllm, hang=True)
-    policy = gateway.policy_path.read_text().replace("first_byte_s: 5", "first_byte_s: 0.5")
+    policy = gateway.policy_path.read_text().replace("first_byte_s: 5", "first_byte_s: 0.5, answer_s: 0.5")
     gateway.policy_path.write_text(policy)
     assert gateway.runtime.policy_source.reload_now()  # type: ignore[attr-defined]
-    raw = httpx.post(
-        gateway.base_url + "/chat/completions", json={"model": "pool-then-api", "messages": HELLO}, timeout=30
-    )
+    body = {"model": "pool-then-api", "messages": HELLO, "stream": stream}
+    raw = httpx.post(gateway.base_url + "/chat/completions", json=body, timeout=30)
     assert raw.status_code == 200 and raw.headers["x-gateway-backend"] == "paid-api"
     assert last_observation(gateway).attempts[0].status == "timeout"
 
@@ -294,3 +296,15 @@ routes:
                 observation = last_observation(gateway)
                 assert observation.status == "ok" and observation.final.status == "ok"
                 assert observation.final.usage.completion_tokens == 5
+
+
+def test_a_stream_that_goes_silent_ends_with_a_timeout_event(gateway: Gateway, upstreams: Upstreams) -> None:
+    policy = gateway.policy_path.read_text().replace("idle_s: 2", "idle_s: 0.3")
+    gateway.policy_path.write_text(policy)
+    assert gateway.runtime.policy_source.reload_now()  # type: ignore[attr-defined]
+    set_faults(upstreams.vllm, slowdown=20000)  # seconds between tokens once the first is out
+    with pytest.raises(openai.APIError, match="silent"):
+        for _ in sdk(gateway).chat.completions.create(model="vllm-only", messages=HELLO, stream=True):
+            pass
+    attempt = last_observation(gateway).final
+    assert attempt.status == "timeout"

@@ -17,6 +17,8 @@ import orjson
 from gateway.errors import AttemptFailure, UpstreamClientError
 from gateway.policy.compiled import CompiledBackend
 
+# Per backend: request headers, the timeout of a stream, the timeout of a whole answer.
+Prepared = tuple[dict[str, str], aiohttp.ClientTimeout, aiohttp.ClientTimeout]
 # Statuses that mean "this request is wrong", not "this backend is wrong": passed on, never retried.
 CLIENT_FAULT_STATUSES = frozenset({400, 413, 422})
 
@@ -32,24 +34,30 @@ class OpenAICompatClient:
             auto_decompress=True,
             skip_auto_headers=("User-Agent",),
         )
+        self._prepared_for: dict[str, tuple[CompiledBackend, Prepared]] = {}
 
     async def close(self) -> None:
         await self._session.close()
 
     async def open(
-        self, backend: CompiledBackend, path: str, body: bytes, *, first_byte_s: float
+        self, backend: CompiledBackend, path: str, body: bytes, *, wait_s: float, stream: bool
     ) -> aiohttp.ClientResponse:
-        """POST ``body`` to ``backend`` and return the response once headers arrived with status 200."""
-        headers = {"content-type": "application/json", "accept": "application/json, text/event-stream"}
-        if backend.api_key:
-            headers["authorization"] = f"Bearer {backend.api_key}"
-        url = backend.base_url + path
-        timeout = aiohttp.ClientTimeout(total=None, sock_connect=backend.timeouts.connect_s)
+        """POST ``body`` to ``backend`` and return the response once headers arrived with status 200.
+
+        ``wait_s`` bounds the wait for the headers: a stream's come with its first token at the
+        latest, a whole answer's only when it is complete. Within a stream the socket may then stay
+        silent up to the backend's ``first_byte_s`` until the relay tightens that to ``idle_s`` with
+        ``expect_chunks_within``.
+        """
+        headers, stream_timeout, whole_timeout = self._prepared(backend)
+        timeout = stream_timeout if stream else whole_timeout
         try:
-            async with asyncio.timeout(first_byte_s):
-                response = await self._session.post(url, data=body, headers=headers, timeout=timeout)
+            async with asyncio.timeout(wait_s):
+                response = await self._session.post(
+                    backend.base_url + path, data=body, headers=headers, timeout=timeout
+                )
         except TimeoutError as exc:
-            raise AttemptFailure("timeout", f"{backend.name}: no response in {first_byte_s:g}s") from exc
+            raise AttemptFailure("timeout", f"{backend.name}: no response in {wait_s:g}s") from exc
         except aiohttp.ClientConnectorError as exc:
             raise AttemptFailure("connect_error", f"{backend.name}: cannot connect") from exc
         except (aiohttp.ClientError, OSError) as exc:
@@ -57,6 +65,24 @@ class OpenAICompatClient:
         if response.status != 200:
             raise await _failure_from_status(backend, response)
         return response
+
+    def _prepared(self, backend: CompiledBackend) -> Prepared:
+        """Headers and timeouts of a backend, built once per compiled backend, not once per request."""
+        known = self._prepared_for.get(backend.name)
+        if known is not None and known[0] is backend:
+            return known[1]
+        headers = {"content-type": "application/json", "accept": "application/json, text/event-stream"}
+        if backend.api_key:
+            headers["authorization"] = f"Bearer {backend.api_key}"
+        timeouts = backend.timeouts
+        first_read_s = max(timeouts.first_byte_s, timeouts.idle_s)
+        prepared = (
+            headers,
+            aiohttp.ClientTimeout(total=None, sock_connect=timeouts.connect_s, sock_read=first_read_s),
+            aiohttp.ClientTimeout(total=None, sock_connect=timeouts.connect_s),
+        )
+        self._prepared_for[backend.name] = (backend, prepared)
+        return prepared
 
     async def probe(self, backend: CompiledBackend, timeout_s: float = 2.0) -> str:
         """One reachability check: "ok", "booting" (503, e.g. loading weights) or "unreachable"."""
@@ -86,20 +112,29 @@ class OpenAICompatClient:
             raise AttemptFailure("dropped", f"{backend.name}: connection lost while reading") from exc
 
 
-async def iter_chunks(
-    backend: CompiledBackend, response: aiohttp.ClientResponse, idle_s: float
-) -> AsyncIterator[bytes]:
-    """Yield bytes as the network delivers them; silence longer than ``idle_s`` is a timeout."""
+def expect_chunks_within(response: aiohttp.ClientResponse, idle_s: float) -> None:
+    """From now on, silence longer than ``idle_s`` between chunks is a timeout.
+
+    aiohttp re-arms its read timer on every packet anyway; setting it here costs nothing per chunk,
+    where an ``asyncio.timeout`` around each read would cost a timer and a context per chunk.
+    """
+    connection = response.connection
+    if connection is not None and connection.protocol is not None:
+        connection.protocol.read_timeout = idle_s
+        connection.protocol.start_timeout()  # re-arm now: the timer running was set for the first byte
+
+
+async def iter_chunks(backend: CompiledBackend, response: aiohttp.ClientResponse) -> AsyncIterator[bytes]:
+    """Yield bytes as the network delivers them; the socket's read timeout bounds each wait."""
     content = response.content
     try:
         while True:
-            async with asyncio.timeout(idle_s):
-                data = await content.readany()
+            data = await content.readany()
             if not data:
                 return
             yield data
-    except TimeoutError as exc:
-        raise AttemptFailure("timeout", f"{backend.name}: stream idle for {idle_s:g}s") from exc
+    except TimeoutError as exc:  # aiohttp's ServerTimeoutError is one
+        raise AttemptFailure("timeout", f"{backend.name}: stream went silent") from exc
     except (aiohttp.ClientError, OSError) as exc:
         raise AttemptFailure("dropped", f"{backend.name}: stream broke off") from exc
 

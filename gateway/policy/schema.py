@@ -79,6 +79,8 @@ class Timeouts(Strict):
     first_byte_s: PositiveFloat = 120.0
     # Longest silence between two chunks of a stream once it has started.
     idle_s: PositiveFloat = 60.0
+    # Longest wait for a whole non-streamed answer (it arrives all at once, thinking included).
+    answer_s: PositiveFloat = 600.0
 
 
 class Backend(Strict):
