@@ -5,9 +5,11 @@ from __future__ import annotations
 from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
+from starlette.types import Receive, Scope, Send
 
-from gateway.api.responses import json_response
-from gateway.proxy import complete
+from gateway.api.responses import error_response, internal_error_response, json_response, log
+from gateway.errors import GatewayError
+from gateway.proxy import Endpoint, complete
 from gateway.runtime import Runtime
 from gateway.streaming import StreamRelay
 
@@ -15,6 +17,31 @@ from gateway.streaming import StreamRelay
 def runtime_of(request: Request) -> Runtime:
     runtime: Runtime = request.app.state.runtime
     return runtime
+
+
+# The paths ``GatewayApp`` serves without Starlette's router (the Routes below stay for the rest).
+HOT_PATHS: dict[str, Endpoint] = {
+    "/v1/chat/completions": "chat",
+    "/v1/completions": "completions",
+    "/chat/completions": "chat",
+    "/completions": "completions",
+}
+
+
+async def serve_completion(
+    runtime: Runtime, endpoint: Endpoint, scope: Scope, receive: Receive, send: Send
+) -> None:
+    """One completion request as a bare ASGI call; errors become OpenAI-format bodies here, as the
+    exception handlers do for routed requests."""
+    try:
+        response: Response | StreamRelay = await complete(runtime, Request(scope, receive), endpoint)
+    except GatewayError as exc:
+        runtime.error_returned(exc)
+        response = error_response(exc)
+    except Exception:
+        log.exception("unhandled error on POST %s", scope["path"])
+        response = internal_error_response()
+    await response(scope, receive, send)
 
 
 async def chat_completions(request: Request) -> Response | StreamRelay:

@@ -22,14 +22,23 @@ def json_response(content: Any, status: int = 200, headers: dict[str, str] | Non
     return Response(orjson.dumps(content), status_code=status, headers=headers, media_type="application/json")
 
 
+def error_response(exc: GatewayError) -> Response:
+    return Response(
+        exc.to_bytes(), status_code=exc.status, headers=exc.headers(), media_type="application/json"
+    )
+
+
+def internal_error_response() -> Response:
+    body = error_bytes("the gateway hit an internal error; it has been logged", "server_error")
+    return Response(body, status_code=500, media_type="application/json")
+
+
 async def gateway_error(request: Request, exc: Exception) -> Response:
     assert isinstance(exc, GatewayError)
     runtime = getattr(request.app.state, "runtime", None)
     if runtime is not None:
         runtime.error_returned(exc)
-    return Response(
-        exc.to_bytes(), status_code=exc.status, headers=exc.headers(), media_type="application/json"
-    )
+    return error_response(exc)
 
 
 async def http_error(request: Request, exc: Exception) -> Response:
@@ -41,8 +50,7 @@ async def http_error(request: Request, exc: Exception) -> Response:
 
 async def unexpected_error(request: Request, exc: Exception) -> Response:
     log.exception("unhandled error on %s %s", request.method, request.url.path)
-    body = error_bytes("the gateway hit an internal error; it has been logged", "server_error")
-    return Response(body, status_code=500, media_type="application/json")
+    return internal_error_response()
 
 
 exception_handlers = {GatewayError: gateway_error, HTTPException: http_error, Exception: unexpected_error}
