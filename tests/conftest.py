@@ -41,17 +41,24 @@ class Upstreams:
             httpx.delete(server.url + "/emulator/requests")
 
 
-@pytest.fixture(scope="session")
-def upstreams() -> Iterator[Upstreams]:
+@contextlib.contextmanager
+def emulated_upstreams(time_scale: float) -> Iterator[Upstreams]:
+    """The three emulated backends on loopback ports; the paid API checks the backend key."""
     os.environ["EMULATOR_API_KEY"] = PAID_KEY
-    paid_app = create_emulator_app("paid-api", time_scale=TIME_SCALE)
+    paid_app = create_emulator_app("paid-api", time_scale=time_scale)
     del os.environ["EMULATOR_API_KEY"]
     with (
-        threaded_server(create_emulator_app("b300-vllm", time_scale=TIME_SCALE)) as vllm,
-        threaded_server(create_emulator_app("a100-llamacpp", time_scale=TIME_SCALE)) as llamacpp,
+        threaded_server(create_emulator_app("b300-vllm", time_scale=time_scale)) as vllm,
+        threaded_server(create_emulator_app("a100-llamacpp", time_scale=time_scale)) as llamacpp,
         threaded_server(paid_app) as paid,
     ):
         yield Upstreams(vllm, llamacpp, paid)
+
+
+@pytest.fixture(scope="session")
+def upstreams() -> Iterator[Upstreams]:
+    with emulated_upstreams(TIME_SCALE) as up:
+        yield up
 
 
 def policy_yaml(up: Upstreams, routes: str | None = None) -> str:

@@ -17,9 +17,16 @@ from typing import Any
 import httpx
 import pytest
 
-from gateway.emulator import create_emulator_app
-from tests.conftest import PAID_KEY, Gateway, Upstreams, emulated_clock, policy_yaml, running_gateway
-from tests.servers import ProcessServer, free_port, python_module, threaded_server, wait_http
+from tests.conftest import (
+    PAID_KEY,
+    Gateway,
+    Upstreams,
+    emulated_clock,
+    emulated_upstreams,
+    policy_yaml,
+    running_gateway,
+)
+from tests.servers import ProcessServer, free_port, python_module, wait_http
 
 TIME_SCALE = 0.05
 HELLO = [{"role": "user", "content": "Hello there"}]
@@ -38,17 +45,8 @@ ROUTES = """
 @pytest.fixture(scope="module")
 def slow_upstreams() -> Iterator[Upstreams]:
     """Emulators at a gentler time scale than the session's, so measured rates are precise to ~1%."""
-    import os
-
-    os.environ["EMULATOR_API_KEY"] = PAID_KEY
-    paid_app = create_emulator_app("paid-api", time_scale=TIME_SCALE)
-    del os.environ["EMULATOR_API_KEY"]
-    with (
-        threaded_server(create_emulator_app("b300-vllm", time_scale=TIME_SCALE)) as vllm,
-        threaded_server(create_emulator_app("a100-llamacpp", time_scale=TIME_SCALE)) as llamacpp,
-        threaded_server(paid_app) as paid,
-    ):
-        yield Upstreams(vllm, llamacpp, paid)
+    with emulated_upstreams(TIME_SCALE) as up:
+        yield up
 
 
 @pytest.fixture
