@@ -2,7 +2,7 @@
 request's predicted cost, its end settles the reservation with the ledger's real cost.
 
 So concurrent requests can overspend a cap by no more than what their reservations under-predicted.
-Counters live behind ``BudgetStore`` (in memory here; a shared store lets replicas share them).
+Counters live in the ``Store`` (in memory, or in Redis, where replicas share them).
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from types import MappingProxyType
-from typing import Literal, NamedTuple, Protocol
+from typing import Literal, NamedTuple
 
 from gateway.costs import TOKENS_PER_MTOK
 from gateway.errors import GatewayError
@@ -24,6 +24,8 @@ from gateway.observation import Observation
 from gateway.policy.compiled import CompiledBackend, CompiledPolicy, CompiledRoute
 from gateway.policy.decide import CandidateEval, Decision
 from gateway.policy.schema import Budgets as BudgetLimits
+from gateway.store import ADMITTED, Ask, Store, Verdict, WindowCharge
+from gateway.store.memory import MemoryStore
 
 Period = Literal["day", "month"]
 Scope = Literal["route", "key"]
@@ -46,62 +48,8 @@ class BudgetExhausted(GatewayError):
         return {"retry-after": str(self.retry_after_s)}
 
 
-class BudgetStore(Protocol):
-    """Counters of spent and reserved USD under string keys.
-
-    ``reserve`` must be atomic over all its keys: all of them take the amount, or none does.
-    ``settle`` must not block the event loop: a networked store queues it and applies it soon after.
-    """
-
-    async def reserve(self, keys: Sequence[str], limits: Sequence[float], amount: float) -> bool: ...
-
-    def settle(self, keys: Sequence[str], reserved: float, actual: float) -> None: ...
-
-    def seed(self, key: str, spent: float) -> None: ...
-
-    def read(self, key: str) -> tuple[float, float]: ...
-
-    async def close(self) -> None: ...
-
-
-class MemoryBudgetStore:
-    """One process's counters; atomic because nothing awaits between the check and the update."""
-
-    def __init__(self) -> None:
-        self._counters: dict[str, list[float]] = {}  # key -> [spent, reserved]
-
-    def _counter(self, key: str) -> list[float]:
-        counter = self._counters.get(key)
-        if counter is None:
-            counter = self._counters[key] = [0.0, 0.0]
-        return counter
-
-    async def reserve(self, keys: Sequence[str], limits: Sequence[float], amount: float) -> bool:
-        counters = [self._counter(key) for key in keys]
-        for (spent, reserved), limit in zip(counters, limits, strict=True):
-            committed = spent + reserved
-            # A cap already reached refuses even a request predicted to cost nothing.
-            if committed >= limit or committed + amount > limit:
-                return False
-        for counter in counters:
-            counter[1] += amount
-        return True
-
-    def settle(self, keys: Sequence[str], reserved: float, actual: float) -> None:
-        for key in keys:
-            counter = self._counter(key)
-            counter[0] += actual
-            counter[1] = max(0.0, counter[1] - reserved)
-
-    def seed(self, key: str, spent: float) -> None:
-        self._counters.setdefault(key, [spent, 0.0])
-
-    def read(self, key: str) -> tuple[float, float]:
-        counter = self._counters.get(key)
-        return (0.0, 0.0) if counter is None else (counter[0], counter[1])
-
-    async def close(self) -> None:
-        return None
+# The embedded store under the name budgets had before stores were shared (its tests use it).
+MemoryBudgetStore = MemoryStore
 
 
 class Cap(NamedTuple):
@@ -132,6 +80,7 @@ class Reservation:
     keys: tuple[str, ...]
     amount: float
     wall: float  # when it was admitted: the day and month its cost belongs to
+    held_in: int = 0  # where the store holds it (see Verdict.held_in)
 
 
 def period_id(period: Period, wall: float) -> str:
@@ -179,7 +128,7 @@ def reservation_usd(evaluation: CandidateEval, backend: CompiledBackend) -> floa
 class Budgets:
     """Admission and settlement against every cap that applies to a request."""
 
-    def __init__(self, store: BudgetStore) -> None:
+    def __init__(self, store: Store) -> None:
         self.store = store
         self._held: dict[int, Reservation] = {}  # by id() of the request's Observation
 
@@ -198,31 +147,41 @@ class Budgets:
         decision: Decision,
         policy: CompiledPolicy,
         wall: float,
-    ) -> tuple[str, ...]:
+        windows: Sequence[WindowCharge] = (),
+    ) -> tuple[tuple[str, ...], Verdict]:
         """The backends this request may try, with its predicted cost reserved; BudgetExhausted if none.
 
         The reservation covers the dearest backend the request may end on, fallbacks included; when
         that does not fit, dearer fallbacks are dropped, and with ``fallback_cheaper`` so is the chosen
-        backend, down to the cheapest candidate that fits.
+        backend, down to the cheapest candidate that fits. ``windows`` (rate limits) are charged in the
+        same atomic step; when one refuses, the verdict says so and nothing is reserved.
         """
         caps = self.caps(route, observation.api_key_name)
         order = decision.order
-        if not caps:
-            return order
+        if not caps and not windows:
+            return order, ADMITTED
         costs = {e.backend: reservation_usd(e, policy.backends[e.backend]) for e in decision.evals}
-        keys = tuple(counter_key(c.scope, c.name, c.period, wall) for c in caps)
-        limits = tuple(c.limit_usd for c in caps)
         cheaper_allowed = all(c.on_exhausted == "fallback_cheaper" for c in caps)
-        for level in sorted({costs[b] for b in order}, reverse=True):
-            allowed = tuple(b for b in order if costs[b] <= level)
-            if not cheaper_allowed and allowed[0] != order[0]:
-                break
-            if await self.store.reserve(keys, limits, level):
-                self._held[id(observation)] = Reservation(keys, level, wall)
-                if allowed[0] != order[0]:
-                    observation.decision_reason = "budget_fallback_cheaper"
-                return allowed
-        raise self._exhausted(caps, wall, costs[order[0]])
+        levels = tuple(
+            level
+            for level in sorted({costs[b] for b in order}, reverse=True)
+            if cheaper_allowed or level >= costs[order[0]]
+        )
+        keys = tuple(counter_key(c.scope, c.name, c.period, wall) for c in caps)
+        ask = Ask(tuple(windows), keys, tuple(c.limit_usd for c in caps), levels if caps else ())
+        verdict = await self.store.admit(ask)
+        if verdict.status == "limited":
+            return (), verdict
+        if verdict.status == "exhausted":
+            raise self._exhausted(caps, wall, costs[order[0]])
+        if not caps:
+            return order, verdict
+        level = levels[verdict.level]
+        self._held[id(observation)] = Reservation(keys, level, wall, verdict.held_in)
+        allowed = tuple(b for b in order if costs[b] <= level)
+        if allowed[0] != order[0]:
+            observation.decision_reason = "budget_fallback_cheaper"
+        return allowed, verdict
 
     def settle(self, observation: Observation, started_wall: float) -> float | None:
         """Count the request's real cost under every counter of its route (and key); returns what was
@@ -239,7 +198,7 @@ class Budgets:
         if reservation is None:
             self.store.settle(keys, 0.0, actual)
             return None
-        self.store.settle(reservation.keys, reservation.amount, actual)
+        self.store.settle(reservation.keys, reservation.amount, actual, reservation.held_in)
         # Counters without a cap took no reservation: they only count (releasing one would free
         # another request's reservation).
         uncapped = [key for key in keys if key not in reservation.keys]

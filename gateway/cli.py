@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import sys
 from pathlib import Path
 
@@ -45,6 +46,15 @@ def build_parser() -> argparse.ArgumentParser:
     )
     serve.add_argument(
         "--ledger", default=None, help="ledger SQLite file (default: the policy's ledger.path)"
+    )
+    serve.add_argument(
+        "--redis-url",
+        default=None,
+        help="share budgets, rate limits, circuit state and live stats with other replicas through this "
+        "Redis (default: env GATEWAY_REDIS_URL, else the policy's store.redis_url, else in memory)",
+    )
+    serve.add_argument(
+        "--workers", type=int, default=1, help="worker processes on one port; metrics are merged across them"
     )
     serve.set_defaults(func=cmd_serve)
 
@@ -107,6 +117,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
         log_level=args.log_level,
         allow_open=args.open,
         ledger_path=args.ledger,
+        redis_url=args.redis_url or os.environ.get("GATEWAY_REDIS_URL") or None,
+        workers=max(1, args.workers),
     )
 
 

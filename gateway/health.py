@@ -63,6 +63,7 @@ class CircuitBreaker:
         self._cooldown_s = base_cooldown_s
         self._probe_in_flight = False
         self.opened_count = 0  # for metrics: how often this circuit has opened
+        self.closed_count = 0  # how often this breaker itself closed it (replicas share both events)
 
     @property
     def state(self) -> CircuitState:
@@ -120,6 +121,21 @@ class CircuitBreaker:
         if healthy and recovered and self._opened_at is not None:
             self._close()
 
+    @property
+    def cooldown_s(self) -> float:
+        return self._cooldown_s
+
+    def adopt(self, state: CircuitState, cooldown_s: float, cooldown_left_s: float) -> None:
+        """Follow another replica's breaker: it opened (a ``cooldown_s`` cooldown with
+        ``cooldown_left_s`` to go) or closed. Not counted as this breaker's own opening, so the
+        fleet's metrics count each opening once."""
+        if state == "open" and cooldown_left_s > 0:
+            self._opened_at = self._clock() - max(0.0, cooldown_s - cooldown_left_s)
+            self._cooldown_s = cooldown_s
+            self._probe_in_flight = False
+        elif state == "closed" and self._opened_at is not None:
+            self._reset()
+
     def _count(self, failed: bool) -> None:
         now = self._clock()
         decay = 0.5 ** (max(0.0, now - self._decayed_at) / self._half_life_s)
@@ -143,6 +159,10 @@ class CircuitBreaker:
         self.opened_count += 1
 
     def _close(self) -> None:
+        self.closed_count += 1
+        self._reset()
+
+    def _reset(self) -> None:
         self._opened_at = None
         self._cooldown_s = self._base_cooldown_s
         self._consecutive_failures = 0

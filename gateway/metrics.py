@@ -11,10 +11,13 @@ each chunk happens while the attempt is open and is not in this figure.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import asyncio
+import os
+from collections.abc import Coroutine, Iterator, Mapping
+from types import MappingProxyType
 from typing import TYPE_CHECKING, Any
 
-from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest, multiprocess
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
 from gateway.costs import effective_usd_per_mtok
@@ -28,6 +31,18 @@ TTFT_BUCKETS_S = (0.05, 0.1, 0.25, 0.5, 0.75, 1.0, 1.5, 2.0, 3.0, 5.0, 7.5, 10.0
 FIRST_ANSWER_BUCKETS_S = (0.25, 0.5, 1.0, 2.0, 3.0, 5.0, 10.0, 20.0, 30.0, 60.0, 120.0, 300.0)
 DECODE_BUCKETS = (1.0, 2.0, 5.0, 10.0, 15.0, 20.0, 30.0, 50.0, 75.0, 100.0, 150.0, 200.0, 500.0)
 OVERHEAD_BUCKETS_S = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0)
+# How the workers' values of a scrape-time gauge combine; any other gauge shows the latest one set.
+GAUGE_MODES: Mapping[str, Any] = MappingProxyType(
+    {
+        "gateway_backend_inflight_requests": "livesum",
+        "gateway_ledger_pending_rows": "livesum",
+        "gateway_backend_circuit_state": "livemax",
+        "gateway_store_up": "livemin",
+        "gateway_policy_last_reload_ok": "livemin",
+        "gateway_policy_last_reload_success_timestamp_seconds": "livemax",
+    }
+)
+MIRROR_INTERVAL_S = 1.0
 
 
 def upstream_error_type(attempt: Attempt) -> str | None:
@@ -114,7 +129,14 @@ class GatewayMetrics:
         self.policy_loaded_at = runtime.wall_clock()
         # Label values are policy names and fixed vocabularies, so this stays as small as the policy.
         self._children: dict[tuple[int, tuple[str, ...]], Any] = {}
-        registry.register(LiveCollector(runtime, self))
+        live = LiveCollector(runtime, self)
+        registry.register(live)
+        self.multiprocess = "PROMETHEUS_MULTIPROC_DIR" in os.environ
+        self._mirror = Mirror(live) if self.multiprocess else None
+        if self._mirror is not None:
+            # Every worker's files merged at each scrape, whichever worker serves it.
+            self._exposed = CollectorRegistry()
+            multiprocess.MultiProcessCollector(self._exposed)  # type: ignore[no-untyped-call]
 
     def request_finished(self, observation: Observation) -> None:
         route, backend = observation.route, observation.backend or ""
@@ -169,7 +191,66 @@ class GatewayMetrics:
         self.policy_loaded_at = wall
 
     def exposition(self) -> bytes:
-        return generate_latest(self.registry)
+        if self._mirror is None:
+            return generate_latest(self.registry)
+        self._mirror.update()
+        return generate_latest(self._exposed)
+
+    def background(self) -> list[Coroutine[Any, Any, None]]:
+        """Tasks the runtime runs while it serves: in multiprocess mode, mirroring the live gauges, so
+        a scrape served by another worker sees this one's too."""
+        return [] if self._mirror is None else [self._mirror.run()]
+
+    def close(self) -> None:
+        if self.multiprocess:
+            multiprocess.mark_process_dead(os.getpid())  # type: ignore[no-untyped-call]
+
+
+class Mirror:
+    """With several worker processes (PROMETHEUS_MULTIPROC_DIR set) counters and histograms live in
+    prometheus_client's per-process files; this copies LiveCollector's families into them too: gauges
+    by their ``GAUGE_MODES``, counters by the increase since the last copy (so workers' counts add up)."""
+
+    def __init__(self, live: LiveCollector) -> None:
+        self._live = live
+        self._metrics: dict[str, Any] = {}
+        self._copied: dict[tuple[str, tuple[str, ...]], float] = {}
+
+    async def run(self) -> None:
+        while True:
+            self.update()
+            await asyncio.sleep(MIRROR_INTERVAL_S)
+
+    def update(self) -> None:
+        for family in self._live.collect():
+            counter = family.type == "counter"
+            for sample in family.samples:
+                if counter and not sample.name.endswith("_total"):
+                    continue
+                values = tuple(sample.labels.values())
+                metric = self._metric(family, tuple(sample.labels))
+                child = metric.labels(*values) if values else metric
+                if not counter:
+                    child.set(sample.value)
+                    continue
+                key = (family.name, values)
+                increase = sample.value - self._copied.get(key, 0.0)
+                if increase > 0:
+                    child.inc(increase)
+                self._copied[key] = sample.value
+
+    def _metric(self, family: Metric, labels: tuple[str, ...]) -> Any:
+        metric = self._metrics.get(family.name)
+        if metric is None:
+            if family.type == "counter":
+                metric = Counter(family.name, family.documentation, labels, registry=None)
+            else:
+                mode = GAUGE_MODES.get(family.name, "livemostrecent")
+                metric = Gauge(
+                    family.name, family.documentation, labels, registry=None, multiprocess_mode=mode
+                )
+            self._metrics[family.name] = metric
+        return metric
 
 
 class LiveCollector:
@@ -188,12 +269,15 @@ class LiveCollector:
         yield from self._budgets()
         yield from self._policy()
         yield from self._ledger()
+        yield from self._store()
 
     def _backends(self) -> Iterator[Metric]:
         runtime = self._runtime
         policy = runtime.policy
         inflight = GaugeMetricFamily(
-            "gateway_backend_inflight_requests", "Attempts in flight to each backend.", labels=["backend"]
+            "gateway_backend_inflight_requests",
+            "Attempts this process has in flight to each backend.",
+            labels=["backend"],
         )
         circuit = GaugeMetricFamily(
             "gateway_backend_circuit_state",
@@ -215,7 +299,7 @@ class LiveCollector:
             labels=["backend"],
         )
         for name, view in runtime.stats.snapshot(policy.backends).items():
-            inflight.add_metric([name], view.inflight)
+            inflight.add_metric([name], runtime.stats.local_inflight(name))
             circuit.add_metric([name], CIRCUIT_STATE_CODES[view.circuit])
             opened.add_metric([name], runtime.stats.circuit(name).opened_count)
             usd = effective_usd_per_mtok(policy.backends[name], view.aggregate_tokens_per_s)
@@ -291,4 +375,17 @@ class LiveCollector:
         )
         yield GaugeMetricFamily(
             "gateway_ledger_pending_rows", "Ledger rows waiting to be written.", value=ledger.pending
+        )
+
+    def _store(self) -> Iterator[Metric]:
+        health = self._runtime.store.health
+        yield GaugeMetricFamily(
+            "gateway_store_up",
+            "1 while the state store (Redis, or memory) answers; 0 while it is unreachable.",
+            value=int(health.up),
+        )
+        yield CounterMetricFamily(
+            "gateway_store_faults",
+            "Failed state store operations (timeouts, lost connections).",
+            value=health.faults,
         )

@@ -1,4 +1,4 @@
-"""The objects one gateway process shares, built once at start-up: policy, upstream client, live stats.
+"""The objects one gateway process shares, built once at start-up: policy, upstream, stats, store.
 
 Handlers reach it through ``request.app.state.runtime``; nothing lives in module globals. The
 request path talks to it through a handful of verbs (decide, attempt_started/finished,
@@ -23,17 +23,20 @@ from starlette.datastructures import Headers
 
 from gateway.auth import ApiKey, AuthenticationFailed, PermissionDenied, authenticate
 from gateway.backends.openai_compat import OpenAICompatClient
-from gateway.budgets import BudgetExhausted, Budgets, MemoryBudgetStore
+from gateway.budgets import BudgetExhausted, Budgets
 from gateway.costs import attempt_cost
 from gateway.errors import GatewayError, UpstreamClientError, UpstreamError
+from gateway.fleet import Fleet
 from gateway.ledger import Ledger, row_of
 from gateway.metrics import GatewayMetrics
 from gateway.observation import Attempt, Observation
 from gateway.policy.compiled import CompiledPolicy, CompiledRoute
 from gateway.policy.decide import Decision, DecisionMemo, RequestFeatures, decide
+from gateway.ratelimit import RateLimited, RateLimits
 from gateway.signals import SignalScraper
 from gateway.spend import SpendTally, seed_tally
 from gateway.stats import AttemptTicket, LiveStats
+from gateway.store import StoreUnavailable, open_store
 
 log = logging.getLogger("gateway")
 
@@ -63,6 +66,7 @@ class Runtime:
         require_keys: bool = False,
         ledger_path: str | Path | None = None,
         wall_clock: Callable[[], float] = time.time,
+        redis_url: str | None = None,
     ) -> None:
         self.policy_source = policy
         self.clock = clock
@@ -94,7 +98,14 @@ class Runtime:
             batch_size=settings.batch_size,
         )
         self.spend = SpendTally()
-        self.budgets = Budgets(MemoryBudgetStore())
+        # Shared state: ``redis_url`` (the CLI's) wins over the policy's store.redis_url; none: memory.
+        self.store = open_store(self.policy.store, redis_url, wall_clock)
+        self.budgets = Budgets(self.store)
+        self.rate_limits = RateLimits(self.store)
+        self.fleet: Fleet | None = None
+        if self.store.shared:
+            interval = self.policy.store.sync_interval_s
+            self.fleet = Fleet(self.stats, self.store, lambda: self.policy, clock, interval)
         self.metrics = GatewayMetrics(self)
 
     @property
@@ -102,6 +113,7 @@ class Runtime:
         return self.policy_source.current
 
     async def start(self) -> None:
+        await self.store.start()
         await self._start_spend()
         self.scraper.set_backends(self.policy.backends)
         await self.scraper.start()
@@ -110,8 +122,12 @@ class Runtime:
         if subscribe is not None:
             subscribe(lambda policy: self.scraper.set_backends(policy.backends))
             subscribe(lambda policy: self.metrics.policy_installed(self.wall_clock()))
+        loop = asyncio.get_running_loop()
         if watch is not None:
-            self._tasks.append(asyncio.get_running_loop().create_task(watch(self._policy_poll_s)))
+            self._tasks.append(loop.create_task(watch(self._policy_poll_s)))
+        if self.fleet is not None:
+            self._tasks.append(loop.create_task(self.fleet.run()))
+        self._tasks.extend(loop.create_task(task) for task in self.metrics.background())
 
     async def close(self) -> None:
         for task in self._tasks:
@@ -124,17 +140,24 @@ class Runtime:
         # Last: uvicorn has already drained in-flight requests, so every row is in the queue by now.
         await self.budgets.close()
         await self.ledger.close()
+        self.metrics.close()
 
     async def readiness(self) -> dict[str, Any]:
-        """Ready when a policy is loaded and at least one of its backends answers."""
+        """Ready when a policy is loaded, at least one of its backends answers and the store can admit
+        requests (it answers, or the policy fails open)."""
         policy = self.policy
         names = list(policy.backends)
         states = await asyncio.gather(*(self.upstream.probe(policy.backends[n]) for n in names))
         backends = dict(zip(names, states, strict=True))
+        store = self.store.report()
+        if self.fleet is not None:
+            store["fleet"] = self.fleet.report()
         return {
-            "ready": any(state == "ok" for state in states),
+            "ready": any(state == "ok" for state in states) and self.store.health.serving,
+            "pid": os.getpid(),  # which worker answered, with ``serve --workers``
             "policy": {"source": policy.source, "digest": policy.digest[:12]},
             "backends": backends,
+            "store": store,
         }
 
     def decide(
@@ -181,6 +204,8 @@ class Runtime:
         if attempt.finished_at is None:
             attempt.finished_at = self.clock()
         self.stats.attempt_finished(ticket, attempt, observation.route)
+        if self.fleet is not None:
+            self.fleet.attempt_finished(attempt, observation.route)
         backend = self.policy.backends.get(attempt.backend)
         if attempt.usage is not None and backend is not None:
             cost = attempt_cost(
@@ -216,15 +241,26 @@ class Runtime:
     async def admit(
         self, observation: Observation, route: CompiledRoute, decision: Decision
     ) -> tuple[str, ...]:
-        """Reserve the request's predicted cost against its budgets; returns the backends it may try.
+        """Reserve the request's predicted cost against its budgets and charge its key's rate limits,
+        in one step of the store; returns the backends it may try.
 
-        A refused request is settled here (its ledger row says budget_exhausted), then the 429 raised.
+        A refused request is settled here (its ledger row names the refusal), then the error raised.
         """
+        policy = self.policy
         try:
-            return await self.budgets.admit(observation, route, decision, self.policy, self.wall_clock())
-        except BudgetExhausted:
-            self.request_failed(observation, "budget_exhausted")
+            if not self.store.health.serving:
+                raise self.store.health.unavailable()
+            charges = self.rate_limits.charges(observation, decision, policy)
+            order, verdict = await self.budgets.admit(
+                observation, route, decision, policy, self.wall_clock(), charges
+            )
+            if verdict.status == "limited":
+                raise self.rate_limits.refused(verdict, charges, observation.api_key_name or "")
+        except (BudgetExhausted, RateLimited, StoreUnavailable) as exc:
+            self.request_failed(observation, exc.code or exc.type)
             raise
+        self.rate_limits.hold(observation, charges, verdict)
+        return order
 
     def request_abandoned(self, observation: Observation, error: BaseException) -> None:
         """An exception no step settled (a bug, a cancellation): settle it now, so the reservation is
@@ -243,6 +279,7 @@ class Runtime:
         """Settle a finished request: its budget reservation, ledger row, live spend and metrics."""
         started_wall = self.wall_clock() - (self.clock() - observation.started_at)
         reserved = self.budgets.settle(observation, started_wall)
+        self.rate_limits.settle(observation)
         backend = self.policy.backends.get(observation.backend or "")
         row = row_of(observation, started_wall, None if backend is None else backend.model, reserved)
         self.ledger.append(row)

@@ -1,22 +1,33 @@
-"""Runs the gateway under uvicorn (uvloop, httptools) with a hot-reloaded policy file."""
+"""Runs the gateway under uvicorn (uvloop, httptools) with a hot-reloaded policy file, in one process
+or in several worker processes on one port (``--workers``; Prometheus metrics merged across them).
+"""
 
 from __future__ import annotations
 
 import ipaddress
+import json
 import logging
+import os
+import shutil
 import signal
 import sys
+import tempfile
+from collections.abc import Mapping
+from pathlib import Path
 from types import FrameType
 
 import uvicorn
 
-from gateway.app import create_app
+from gateway.app import GatewayApp, create_app
 from gateway.auth import is_loopback
 from gateway.policy.load import PolicyError
 from gateway.policy.reload import PolicyHolder
 from gateway.runtime import Runtime
+from gateway.store import STORES
 
 log = logging.getLogger("gateway")
+WORKER_CONFIG_ENV = "GATEWAY_WORKER_CONFIG"  # how the parent configures each worker process
+METRICS_DIR_ENV = "PROMETHEUS_MULTIPROC_DIR"
 
 
 def serve(
@@ -27,6 +38,8 @@ def serve(
     log_level: str = "info",
     allow_open: bool = False,
     ledger_path: str | None = None,
+    redis_url: str | None = None,
+    workers: int = 1,
 ) -> int:
     try:
         holder = PolicyHolder(policy_path)
@@ -48,7 +61,30 @@ def serve(
         )
         return 2
     require_keys = public and not allow_open
-    app = create_app(lambda: Runtime(holder, require_keys=require_keys, ledger_path=ledger_path))
+    if redis_url and redis_url.partition("://")[0].lower() not in STORES:
+        print(
+            f"gateway: --redis-url must start with one of: {', '.join(f'{s}://' for s in STORES)}",
+            file=sys.stderr,
+        )
+        return 2
+    if workers > 1:
+        store_url = redis_url or holder.current.store.redis_url or "memory://"
+        if store_url.startswith("memory"):
+            log.warning(
+                "%d workers and no Redis: budgets, rate limits, circuits and live stats are each worker's "
+                "own; pass --redis-url to share them",
+                workers,
+            )
+        worker = {
+            "policy": policy_path,
+            "ledger": ledger_path,
+            "redis_url": redis_url,
+            "require_keys": require_keys,
+        }
+        return _serve_workers(worker, host=host, port=port, log_level=log_level, workers=workers)
+    app = create_app(
+        lambda: Runtime(holder, require_keys=require_keys, ledger_path=ledger_path, redis_url=redis_url)
+    )
     config = uvicorn.Config(
         app,
         host=host,
@@ -67,6 +103,51 @@ def serve(
     log.info("gateway serving on http://%s:%d/v1 with policy %s", shown, port, policy_path)
     server.run()
     return 0
+
+
+def _serve_workers(
+    worker: Mapping[str, object], *, host: str, port: int, log_level: str, workers: int
+) -> int:
+    """uvicorn's supervisor with ``workers`` processes; each builds its own Runtime (``worker_app``)."""
+    given = os.environ.get(METRICS_DIR_ENV)
+    metrics_dir = Path(given) if given else Path(tempfile.mkdtemp(prefix="gateway-metrics-"))
+    metrics_dir.mkdir(parents=True, exist_ok=True)
+    for stale in metrics_dir.glob("*.db"):  # counts from an earlier run would be added to this one's
+        stale.unlink()
+    os.environ[METRICS_DIR_ENV] = str(metrics_dir)
+    os.environ[WORKER_CONFIG_ENV] = json.dumps(worker)
+    log.info("gateway serving on http://%s:%d/v1 with %d workers", host, port, workers)
+    try:
+        uvicorn.run(
+            "gateway.server:worker_app",
+            factory=True,
+            workers=workers,
+            host=host,
+            port=port,
+            loop="uvloop",
+            http="httptools",
+            access_log=False,
+            log_level=log_level,
+            lifespan="on",
+        )
+    finally:
+        if not given:
+            shutil.rmtree(metrics_dir, ignore_errors=True)
+    return 0
+
+
+def worker_app() -> GatewayApp:
+    """One worker's app, configured by its parent (``serve --workers``) through the environment."""
+    config = json.loads(os.environ[WORKER_CONFIG_ENV])
+    holder = PolicyHolder(config["policy"])
+    return create_app(
+        lambda: Runtime(
+            holder,
+            require_keys=bool(config["require_keys"]),
+            ledger_path=config["ledger"],
+            redis_url=config["redis_url"],
+        )
+    )
 
 
 def _exit_cleanly(signum: int, frame: FrameType | None) -> None:

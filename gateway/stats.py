@@ -1,6 +1,5 @@
-"""Live per-backend measurements from real traffic: time-decayed TTFT quantiles, speeds, error rates.
-
-The request path feeds attempts in; decisions read cheap frozen ``BackendView`` snapshots out.
+"""Live per-backend measurements from real traffic (this replica's, and the fleet's merged in): time-
+decayed TTFT quantiles, speeds, error rates. Decisions read cheap frozen ``BackendView`` snapshots.
 """
 
 from __future__ import annotations
@@ -147,6 +146,7 @@ class _BackendStats:
         self.last_sample_at: float | None = None
         # In-flight accounting: an exact running integral, and a decayed one over busy time only.
         self.inflight = 0
+        self.remote_inflight = 0  # other replicas' attempts in flight, as they last said
         self.inflight_seconds = 0.0
         self.busy_area = 0.0
         self.busy_time = 0.0
@@ -169,8 +169,9 @@ class _BackendStats:
         decay = 0.5 ** (elapsed / self.owner.half_life_s)
         self.busy_area *= decay
         self.busy_time *= decay
-        if self.inflight > 0:
-            self.busy_area += self.inflight * elapsed
+        fleet = self.inflight + self.remote_inflight
+        if fleet > 0:
+            self.busy_area += fleet * elapsed
             self.busy_time += elapsed
         self.integrated_at = now
 
@@ -210,8 +211,9 @@ class _BackendStats:
         if elapsed > 0:
             decay = 0.5 ** (elapsed / self.owner.half_life_s)
             area, busy = area * decay, busy * decay
-            if self.inflight > 0:
-                area += self.inflight * elapsed
+            fleet = self.inflight + self.remote_inflight
+            if fleet > 0:
+                area += fleet * elapsed
                 busy += elapsed
         own = area / busy if busy > 0 else 1.0
         concurrency = max(own, self.signal_running.value or 1.0, 1.0)
@@ -250,7 +252,7 @@ class _BackendStats:
             aggregate_tokens_per_s=None if decode is None else decode * concurrency,
             busy_concurrency=concurrency,
             service_time_s=self.service_time.value,
-            inflight=self.inflight,
+            inflight=self.inflight + self.remote_inflight,
             error_rate=self.errors.value or 0.0,
             timeout_rate=self.timeouts.value or 0.0,
             circuit=self.breaker.state,
@@ -275,7 +277,7 @@ class _BackendStats:
             next_check = min(next_check, half_open_at)
         if self.samples_pending:
             next_check = min(next_check, self.summarized_at + refresh_s)
-        if self.inflight > 0:
+        if self.inflight + self.remote_inflight > 0:
             next_check = min(next_check, now + refresh_s)
         self.next_check_at = next_check
         return self.cached_view
@@ -335,9 +337,33 @@ class LiveStats:
         if signals.running is not None:
             # Other clients may share the pool: the backend's own count of running streams is the
             # truer concurrency, but it cannot be below what this gateway alone has in flight.
-            running = max(signals.running, stats.inflight)
+            running = max(signals.running, stats.inflight + stats.remote_inflight)
             if running >= 1:
                 stats.signal_running.add(signals.scraped_at, running)
+        stats.changed = True
+
+    def merge_remote(self, attempt: Attempt, route: str, at: float) -> None:
+        """Another replica's finished attempt (``at`` on this clock): it teaches the same things as
+        one of ours, except to the circuit breaker, which follows the other replica's own verdicts."""
+        stats = self._stats(attempt.backend)
+        stats.record(attempt, route, at)
+        stats.changed = True
+
+    def set_remote_inflight(self, backend: str, inflight: int) -> None:
+        stats = self._stats(backend)
+        if stats.remote_inflight != inflight:
+            stats.integrate(self.clock())
+            stats.remote_inflight = inflight
+            stats.changed = True
+
+    def local_inflight(self, backend: str) -> int:
+        """This replica's own attempts in flight (views show the fleet's)."""
+        return self._stats(backend).inflight
+
+    def adopt_circuit(self, backend: str, state: CircuitState, cooldown_s: float, left_s: float) -> None:
+        """Another replica's circuit for ``backend`` opened or closed: follow it."""
+        stats = self._stats(backend)
+        stats.breaker.adopt(state, cooldown_s, left_s)
         stats.changed = True
 
     def set_health(self, backend: str, healthy: bool, booting: bool = False) -> None:

@@ -17,9 +17,10 @@ fi
 .venv/bin/python -m pip install --quiet -e '.[dev]' 2>&1 | grep -v '^WARNING: Location' || true
 .venv/bin/python -c 'import gateway.cli, litellm, openai' >/dev/null
 
-step "system tools for the spend tests (promtool, chromium)"
-if ! command -v promtool >/dev/null || ! command -v chromium >/dev/null; then
-  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq prometheus chromium >/dev/null
+step "system tools: promtool and chromium (spend tests), redis-server (replica tests start their own)"
+if ! command -v promtool >/dev/null || ! command -v chromium >/dev/null || ! command -v redis-server >/dev/null; then
+  apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq prometheus chromium redis-server >/dev/null
 fi
 
 step "real llama.cpp upstream (cached portable wheel + Gemma 3 270M GGUF)"

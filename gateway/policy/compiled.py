@@ -17,8 +17,10 @@ from gateway.policy.schema import (
     Fallback,
     Ledger,
     Objective,
+    RateLimit,
     Signals,
     Slo,
+    StoreSettings,
     Thinking,
     Timeouts,
     WhenInfeasible,
@@ -88,3 +90,6 @@ class CompiledPolicy:
     ledger: Ledger = field(default_factory=Ledger)  # read once at start-up
     # Client keys by the hex SHA-256 of the key; empty means an open gateway (loopback only).
     api_keys: Mapping[str, ApiKey] = field(default_factory=dict)
+    # Per-key rate limits by key name; read at admission, so a reload applies at once.
+    rate_limits: Mapping[str, RateLimit] = field(default_factory=dict)
+    store: StoreSettings = field(default_factory=StoreSettings)  # read once at start-up

@@ -17,6 +17,7 @@ Objective = Literal["lowest_cost", "lowest_ttft", "highest_throughput"]
 WhenInfeasible = Literal["fastest", "cheapest", "reject"]
 Accounting = Literal["amortized", "marginal"]
 OnBudgetExhausted = Literal["fallback_cheaper", "reject"]
+OnStoreFailure = Literal["fail_open", "fail_closed"]
 BackendName = Annotated[str, Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$", max_length=64)]
 RouteName = Annotated[str, Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9._:/-]*$", max_length=128)]
 PositiveFloat = Annotated[float, Field(gt=0)]
@@ -152,6 +153,23 @@ class Ledger(Strict):
     batch_size: Annotated[int, Field(ge=1, le=100_000)] = 500
 
 
+class RateLimit(Strict):
+    """Per-key limits over a sliding minute, held fleet-wide when replicas share a store.
+
+    Tokens are prompt plus completion tokens; admission reserves the request's ``max_tokens`` (or its
+    predicted output) and the end of the request settles the reservation with the real usage.
+    """
+
+    requests_per_minute: Annotated[int, Field(ge=1)] | None = None
+    tokens_per_minute: Annotated[int, Field(ge=1)] | None = None
+
+    @model_validator(mode="after")
+    def some_limit(self) -> RateLimit:
+        if self.requests_per_minute is None and self.tokens_per_minute is None:
+            raise ValueError("give requests_per_minute, tokens_per_minute or both")
+        return self
+
+
 class ApiKeyEntry(Strict):
     """One client key, stored as the SHA-256 of the key (``gateway keys create NAME`` prints both)."""
 
@@ -161,12 +179,29 @@ class ApiKeyEntry(Strict):
     routes: Annotated[list[str], Field(min_length=1)] = ["*"]
     # Admin keys also reach /admin/*, /dashboard and, unless it has its own port, /metrics.
     admin: bool = False
+    rate_limit: RateLimit | None = None
 
 
 class Auth(Strict):
     """With no keys the gateway serves without auth, and only on a loopback address."""
 
     keys: list[ApiKeyEntry] = []
+
+
+class StoreSettings(Strict):
+    """Where budgets, rate limits, circuit state and live stats are shared: in this process (no
+    ``redis_url``) or in Redis for several replicas. Read at start-up; ``gateway serve --redis-url`` (or
+    GATEWAY_REDIS_URL) overrides ``redis_url``, and is the place for a URL that carries a password.
+    """
+
+    redis_url: Annotated[str, Field(pattern=r"^(redis|rediss|memory)://")] | None = None
+    # Redis unreachable or slow: serve on this replica's own counts, or answer 503.
+    on_failure: OnStoreFailure = "fail_open"
+    # Longest wait for Redis on the request path before counting it as a fault.
+    timeout_ms: Annotated[float, Field(gt=0, le=10_000)] = 100.0
+    key_prefix: Annotated[str, Field(pattern=r"^[A-Za-z0-9:_.-]{0,64}$")] = "gw:"
+    # How often each replica shares its measurements and reads the others'.
+    sync_interval_s: Annotated[float, Field(ge=0.05, le=60)] = 0.5
 
 
 class PolicyFile(Strict):
@@ -176,3 +211,4 @@ class PolicyFile(Strict):
     routes: Annotated[dict[RouteName, Route], Field(min_length=1)]
     ledger: Ledger = Ledger()
     auth: Auth = Auth()
+    store: StoreSettings = StoreSettings()
