@@ -136,9 +136,12 @@ class Budgets:
     def reserved_in_flight(self) -> int:
         return len(self._held)
 
-    def caps(self, route: CompiledRoute, api_key_name: str | None) -> list[Cap]:
-        # Per-key caps will hang off the key's name the same way: caps_of("key", name, key.budgets).
-        return caps_of("route", route.name, route.budgets)
+    def caps(self, policy: CompiledPolicy, route: CompiledRoute, api_key_name: str | None) -> list[Cap]:
+        """The route's caps and the calling key's: a request must fit under all of them."""
+        caps = caps_of("route", route.name, route.budgets)
+        if api_key_name is not None:
+            caps += caps_of("key", api_key_name, policy.key_budgets.get(api_key_name))
+        return caps
 
     async def admit(
         self,
@@ -156,7 +159,7 @@ class Budgets:
         backend, down to the cheapest candidate that fits. ``windows`` (rate limits) are charged in the
         same atomic step; when one refuses, the verdict says so and nothing is reserved.
         """
-        caps = self.caps(route, observation.api_key_name)
+        caps = self.caps(policy, route, observation.api_key_name)
         order = decision.order
         if not caps and not windows:
             return order, ADMITTED
@@ -208,11 +211,14 @@ class Budgets:
 
     def usage(self, policy: CompiledPolicy, wall: float) -> list[BudgetUse]:
         """Every cap in the policy with its counters now: for metrics and the dashboard."""
+        caps = [
+            cap for route in policy.routes.values() for cap in caps_of("route", route.name, route.budgets)
+        ]
+        caps += [cap for name, limits in policy.key_budgets.items() for cap in caps_of("key", name, limits)]
         uses = []
-        for route in policy.routes.values():
-            for cap in self.caps(route, None):
-                spent, reserved = self.store.read(counter_key(cap.scope, cap.name, cap.period, wall))
-                uses.append(BudgetUse(cap.scope, cap.name, cap.period, cap.limit_usd, spent, reserved))
+        for cap in caps:
+            spent, reserved = self.store.read(counter_key(cap.scope, cap.name, cap.period, wall))
+            uses.append(BudgetUse(cap.scope, cap.name, cap.period, cap.limit_usd, spent, reserved))
         return uses
 
     async def seed(self, ledger_path: Path, wall: float) -> None:

@@ -156,3 +156,32 @@ def test_beyond_loopback_a_policy_that_loses_its_keys_fails_closed(
     with running_gateway(path, require_keys=True) as gateway:
         response: Any = chat(gateway)
         assert response.status_code == 401
+
+
+def test_a_key_budget_caps_that_keys_spend(
+    upstreams: Upstreams, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    capped_key = "gwk-capped-0123456789abcdefghijklmnopqrstuvwxyz"
+    keys = f"""
+auth:
+  keys:
+    - {{name: capped, sha256: {digest_of(capped_key)}, budgets: {{per_day_usd: 0.005}}}}
+    - {{name: team-a, sha256: {digest_of(TEAM_KEY)}}}
+"""
+    monkeypatch.setenv("TEST_PAID_API_KEY", PAID_KEY)
+    path = tmp_path / "policy.yaml"
+    path.write_text(policy_yaml(upstreams) + keys)
+    body = {"model": "paid-only", "messages": HELLO, "max_tokens": 100}
+    with running_gateway(path) as gateway:
+        url = gateway.base_url + "/chat/completions"
+        statuses = []
+        for _ in range(8):
+            response = httpx.post(url, json=body, headers={"x-api-key": capped_key}, timeout=30)
+            statuses.append(response.status_code)
+            if response.status_code == 429:
+                error = response.json()["error"]
+                assert error["code"] == "budget_exhausted" and "key 'capped'" in error["message"]
+        assert statuses[0] == 200 and 429 in statuses, statuses
+        assert httpx.post(url, json=body, headers={"x-api-key": TEAM_KEY}, timeout=30).status_code == 200
+        spent = sum(o.cost_usd or 0.0 for o in gateway.runtime.recent if o.api_key_name == "capped")
+        assert spent <= 0.005

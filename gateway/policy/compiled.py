@@ -92,4 +92,6 @@ class CompiledPolicy:
     api_keys: Mapping[str, ApiKey] = field(default_factory=dict)
     # Per-key rate limits by key name; read at admission, so a reload applies at once.
     rate_limits: Mapping[str, RateLimit] = field(default_factory=dict)
+    # Per-key spending caps by key name; read at admission, so a reload applies at once.
+    key_budgets: Mapping[str, Budgets] = field(default_factory=dict)
     store: StoreSettings = field(default_factory=StoreSettings)  # read once at start-up

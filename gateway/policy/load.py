@@ -119,6 +119,9 @@ def _compile(text: str, source: str, digest: str, environ: Env) -> CompiledPolic
         warnings=tuple(str(w) for w in sorted(warnings, key=lambda p: (p.line, p.column))),
         ledger=raw.ledger,
         api_keys=types.MappingProxyType(_compile_keys(raw.auth)),
+        key_budgets=types.MappingProxyType(
+            {entry.name: entry.budgets for entry in raw.auth.keys if entry.budgets is not None}
+        ),
         rate_limits=types.MappingProxyType(
             {entry.name: entry.rate_limit for entry in raw.auth.keys if entry.rate_limit is not None}
         ),

@@ -180,6 +180,8 @@ class ApiKeyEntry(Strict):
     # Admin keys also reach /admin/*, /dashboard and, unless it has its own port, /metrics.
     admin: bool = False
     rate_limit: RateLimit | None = None
+    # Spending caps of this key, on top of its routes' own; its spend is counted either way.
+    budgets: Budgets | None = None
 
 
 class Auth(Strict):
