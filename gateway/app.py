@@ -21,16 +21,26 @@ from gateway.runtime import Runtime
 
 
 class GatewayApp:
-    """POSTs to the completion endpoints go straight to the request path; the rest to Starlette."""
+    """POSTs to the completion endpoints go straight to the request path; the rest to Starlette.
 
-    def __init__(self, app: Starlette) -> None:
+    With a ``metrics_port`` the same process also listens there, and that port serves only
+    ``GET /metrics``, without a key: for scrapers on a network the API port is not exposed to.
+    """
+
+    def __init__(self, app: Starlette, metrics_port: int | None = None) -> None:
         self.app = app
+        self.metrics_port = metrics_port
 
     @property
     def state(self) -> State:
         return self.app.state
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if self.metrics_port is not None and scope["type"] == "http":
+            server = scope.get("server")
+            if server is not None and server[1] == self.metrics_port:
+                await dashboard.serve_metrics_port(self.app.state.runtime, scope, receive, send)
+                return
         if scope["type"] == "http" and scope["method"] == "POST":
             endpoint = openai.HOT_PATHS.get(scope["path"])
             if endpoint is not None:
@@ -39,7 +49,7 @@ class GatewayApp:
         await self.app(scope, receive, send)
 
 
-def create_app(build_runtime: Callable[[], Runtime]) -> GatewayApp:
+def create_app(build_runtime: Callable[[], Runtime], *, metrics_port: int | None = None) -> GatewayApp:
     """``build_runtime`` runs inside the server's event loop, at start-up, exactly once."""
 
     @asynccontextmanager
@@ -57,5 +67,6 @@ def create_app(build_runtime: Callable[[], Runtime]) -> GatewayApp:
             routes=[*openai.routes, *admin.routes, *dashboard.routes],
             exception_handlers=exception_handlers,
             lifespan=lifespan,
-        )
+        ),
+        metrics_port,
     )

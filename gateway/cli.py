@@ -56,6 +56,12 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument(
         "--workers", type=int, default=1, help="worker processes on one port; metrics are merged across them"
     )
+    serve.add_argument(
+        "--metrics-port",
+        type=int,
+        default=None,
+        help="also serve GET /metrics on this port, without a key (on the API port it needs an admin key)",
+    )
     serve.set_defaults(func=cmd_serve)
 
     keys = sub.add_parser("keys", help="manage client API keys")
@@ -119,6 +125,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         ledger_path=args.ledger,
         redis_url=args.redis_url or os.environ.get("GATEWAY_REDIS_URL") or None,
         workers=max(1, args.workers),
+        metrics_port=args.metrics_port,
     )
 
 

@@ -17,6 +17,7 @@ from pathlib import Path
 from types import FrameType
 
 import uvicorn
+from prometheus_client import CollectorRegistry, multiprocess, start_http_server
 
 from gateway.app import GatewayApp, create_app
 from gateway.auth import is_loopback
@@ -40,6 +41,7 @@ def serve(
     ledger_path: str | None = None,
     redis_url: str | None = None,
     workers: int = 1,
+    metrics_port: int | None = None,
 ) -> int:
     try:
         holder = PolicyHolder(policy_path)
@@ -81,9 +83,12 @@ def serve(
             "redis_url": redis_url,
             "require_keys": require_keys,
         }
-        return _serve_workers(worker, host=host, port=port, log_level=log_level, workers=workers)
+        return _serve_workers(
+            worker, host=host, port=port, log_level=log_level, workers=workers, metrics_port=metrics_port
+        )
     app = create_app(
-        lambda: Runtime(holder, require_keys=require_keys, ledger_path=ledger_path, redis_url=redis_url)
+        lambda: Runtime(holder, require_keys=require_keys, ledger_path=ledger_path, redis_url=redis_url),
+        metrics_port=metrics_port,
     )
     config = uvicorn.Config(
         app,
@@ -101,12 +106,23 @@ def serve(
     signal.signal(signal.SIGTERM, _exit_cleanly)
     shown = f"[{host}]" if _is_ipv6(host) else host
     log.info("gateway serving on http://%s:%d/v1 with policy %s", shown, port, policy_path)
-    server.run()
+    sockets = [config.bind_socket()]
+    if metrics_port is not None:
+        # The same server and event loop listen on a second socket; GatewayApp tells them apart.
+        sockets.append(uvicorn.Config(app, host=host, port=metrics_port).bind_socket())
+        log.info("metrics on http://%s:%d/metrics", shown, metrics_port)
+    server.run(sockets=sockets)
     return 0
 
 
 def _serve_workers(
-    worker: Mapping[str, object], *, host: str, port: int, log_level: str, workers: int
+    worker: Mapping[str, object],
+    *,
+    host: str,
+    port: int,
+    log_level: str,
+    workers: int,
+    metrics_port: int | None = None,
 ) -> int:
     """uvicorn's supervisor with ``workers`` processes; each builds its own Runtime (``worker_app``)."""
     given = os.environ.get(METRICS_DIR_ENV)
@@ -117,6 +133,13 @@ def _serve_workers(
     os.environ[METRICS_DIR_ENV] = str(metrics_dir)
     os.environ[WORKER_CONFIG_ENV] = json.dumps(worker)
     log.info("gateway serving on http://%s:%d/v1 with %d workers", host, port, workers)
+    metrics_server = None
+    if metrics_port is not None:
+        # The supervisor serves the workers' merged metrics from their shared directory.
+        registry = CollectorRegistry()
+        multiprocess.MultiProcessCollector(registry, path=str(metrics_dir))  # type: ignore[no-untyped-call]
+        metrics_server, _ = start_http_server(metrics_port, addr=host, registry=registry)
+        log.info("metrics on http://%s:%d/metrics", host, metrics_port)
     try:
         uvicorn.run(
             "gateway.server:worker_app",
@@ -131,6 +154,8 @@ def _serve_workers(
             lifespan="on",
         )
     finally:
+        if metrics_server is not None:
+            metrics_server.shutdown()
         if not given:
             shutil.rmtree(metrics_dir, ignore_errors=True)
     return 0

@@ -185,3 +185,35 @@ auth:
         assert httpx.post(url, json=body, headers={"x-api-key": TEAM_KEY}, timeout=30).status_code == 200
         spent = sum(o.cost_usd or 0.0 for o in gateway.runtime.recent if o.api_key_name == "capped")
         assert spent <= 0.005
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+def test_metrics_on_their_own_port_need_no_key(upstreams: Upstreams, tmp_path: Path, workers: int) -> None:
+    from tests.servers import ProcessServer, free_port, python_module, wait_http
+
+    path = tmp_path / "policy.yaml"
+    path.write_text(policy_yaml(upstreams) + AUTH)
+    port, metrics_port = free_port(), free_port()
+    args = ["serve", "--policy", str(path), "--port", str(port), "--metrics-port", str(metrics_port)]
+    args += ["--workers", str(workers), "--ledger", str(tmp_path / "ledger.sqlite3")]
+    gateway = ProcessServer(python_module("gateway", *args), env={"TEST_PAID_API_KEY": PAID_KEY}).start()
+    try:
+        wait_http(f"http://127.0.0.1:{metrics_port}/metrics", timeout=60)
+        wait_http(f"http://127.0.0.1:{port}/health", timeout=60)
+        body = {"model": "paid-only", "messages": HELLO}
+        headers = {"authorization": f"Bearer {TEAM_KEY}"}
+        assert (
+            httpx.post(f"http://127.0.0.1:{port}/v1/chat/completions", json=body, headers=headers).status_code
+            == 200
+        )
+        exposition = httpx.get(f"http://127.0.0.1:{metrics_port}/metrics").text
+        assert "gateway_requests_total" in exposition
+        assert httpx.get(f"http://127.0.0.1:{port}/metrics").status_code == 401, (
+            "the API port still wants a key"
+        )
+        elsewhere = httpx.post(
+            f"http://127.0.0.1:{metrics_port}/v1/chat/completions", json=body, headers=headers
+        )
+        assert elsewhere.status_code in (404, 405), "the metrics port serves nothing else"
+    finally:
+        assert gateway.stop() == 0

@@ -12,10 +12,12 @@ from starlette.requests import Request
 from starlette.responses import FileResponse, Response
 from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
+from starlette.types import Receive, Scope, Send
 
 from gateway.api.admin import admin_only, runtime_of
 from gateway.api.responses import json_response
 from gateway.costs import effective_usd_per_mtok
+from gateway.errors import error_bytes
 from gateway.observation import Observation
 from gateway.runtime import Runtime
 
@@ -34,6 +36,16 @@ async def data(request: Request) -> Response:
 
 async def metrics(request: Request) -> Response:
     return Response(runtime_of(request).metrics.exposition(), media_type=CONTENT_TYPE_PLAIN_0_0_4)
+
+
+async def serve_metrics_port(runtime: Runtime, scope: Scope, receive: Receive, send: Send) -> None:
+    """The metrics port: GET /metrics, open to whoever reaches that port; nothing else is there."""
+    if scope["path"] == "/metrics" and scope["method"] in ("GET", "HEAD"):
+        response = Response(runtime.metrics.exposition(), media_type=CONTENT_TYPE_PLAIN_0_0_4)
+    else:
+        body = error_bytes("this port serves only GET /metrics", "not_found_error")
+        response = Response(body, status_code=404, media_type="application/json")
+    await response(scope, receive, send)
 
 
 def dashboard_data(runtime: Runtime) -> dict[str, Any]:
