@@ -198,7 +198,9 @@ async def complete_once(
         attempt.decode_s = duration - usual_ttft if usual_ttft < duration else duration
     runtime.attempt_finished(observation, attempt)
     runtime.request_finished(observation)
-    return Response(raw, headers=dict(_decode(response_headers(observation, runtime, "application/json"))))
+    reply = Response(raw)  # the upstream's bytes as they came; only our headers are added
+    reply.raw_headers = [*reply.raw_headers, *response_headers(observation, runtime, "application/json")]
+    return reply
 
 
 async def read_body(request: Request, limit: int) -> bytes:
@@ -304,7 +306,3 @@ def request_id(request: Request, runtime: Runtime) -> str:
     if 0 < len(given) <= 64 and given.replace("-", "").replace("_", "").isalnum():
         return given
     return runtime.new_request_id()
-
-
-def _decode(headers: list[tuple[bytes, bytes]]) -> list[tuple[str, str]]:
-    return [(k.decode(), v.decode()) for k, v in headers]

@@ -15,7 +15,7 @@ from typing import Any
 import orjson
 
 from gateway.dialect import REASONING_FIELDS, counted_usage, usage_from
-from gateway.errors import AttemptFailure
+from gateway.errors import AttemptFailure, error_bytes
 from gateway.observation import Attempt
 
 DRAIN_TIMEOUT_S = 1.0
@@ -161,8 +161,7 @@ def _data_of(event: bytes) -> bytes | None:
 
 
 def error_event(message: str, code: str) -> bytes:
-    body = {"error": {"message": message, "type": "upstream_error", "param": None, "code": code}}
-    return b"data: " + orjson.dumps(body) + b"\n\n"
+    return b"data: " + error_bytes(message, "upstream_error", code) + b"\n\n"
 
 
 class StreamRelay:

@@ -7,17 +7,12 @@ from starlette.responses import Response
 from starlette.routing import Route
 from starlette.types import Receive, Scope, Send
 
+from gateway.api.admin import runtime_of
 from gateway.api.responses import error_response, internal_error_response, json_response, log
 from gateway.errors import GatewayError
 from gateway.proxy import Endpoint, complete
 from gateway.runtime import Runtime
 from gateway.streaming import StreamRelay
-
-
-def runtime_of(request: Request) -> Runtime:
-    runtime: Runtime = request.app.state.runtime
-    return runtime
-
 
 # The paths ``GatewayApp`` serves without Starlette's router (the Routes below stay for the rest).
 HOT_PATHS: dict[str, Endpoint] = {
