@@ -17,6 +17,7 @@ from starlette.types import Receive, Scope, Send
 
 from gateway.api import admin, dashboard, openai
 from gateway.api.responses import exception_handlers
+from gateway.proxy import serve
 from gateway.runtime import Runtime
 
 
@@ -44,7 +45,7 @@ class GatewayApp:
         if scope["type"] == "http" and scope["method"] == "POST":
             endpoint = openai.HOT_PATHS.get(scope["path"])
             if endpoint is not None:
-                await openai.serve_completion(self.app.state.runtime, endpoint, scope, receive, send)
+                await serve(self.app.state.runtime, endpoint, scope, receive, send)
                 return
         await self.app(scope, receive, send)
 

@@ -130,11 +130,6 @@ class Budgets:
 
     def __init__(self, store: Store) -> None:
         self.store = store
-        self._held: dict[int, Reservation] = {}  # by id() of the request's Observation
-
-    @property
-    def reserved_in_flight(self) -> int:
-        return len(self._held)
 
     def caps(self, policy: CompiledPolicy, route: CompiledRoute, api_key_name: str | None) -> list[Cap]:
         """The route's caps and the calling key's: a request must fit under all of them."""
@@ -151,8 +146,9 @@ class Budgets:
         policy: CompiledPolicy,
         wall: float,
         windows: Sequence[WindowCharge] = (),
-    ) -> tuple[tuple[str, ...], Verdict]:
-        """The backends this request may try, with its predicted cost reserved; BudgetExhausted if none.
+    ) -> tuple[tuple[str, ...], Verdict, Reservation | None]:
+        """The backends this request may try, the store's verdict and the reservation the request now
+        holds (settle it with ``settle``); BudgetExhausted if no candidate fits.
 
         The reservation covers the dearest backend the request may end on, fallbacks included; when
         that does not fit, dearer fallbacks are dropped, and with ``fallback_cheaper`` so is the chosen
@@ -162,7 +158,7 @@ class Budgets:
         caps = self.caps(policy, route, observation.api_key_name)
         order = decision.order
         if not caps and not windows:
-            return order, ADMITTED
+            return order, ADMITTED, None
         costs = {e.backend: reservation_usd(e, policy.backends[e.backend]) for e in decision.evals}
         cheaper_allowed = all(c.on_exhausted == "fallback_cheaper" for c in caps)
         levels = tuple(
@@ -174,23 +170,21 @@ class Budgets:
         ask = Ask(tuple(windows), keys, tuple(c.limit_usd for c in caps), levels if caps else ())
         verdict = await self.store.admit(ask)
         if verdict.status == "limited":
-            return (), verdict
+            return (), verdict, None
         if verdict.status == "exhausted":
             raise self._exhausted(caps, wall, costs[order[0]])
         if not caps:
-            return order, verdict
+            return order, verdict, None
         level = levels[verdict.level]
-        self._held[id(observation)] = Reservation(keys, level, wall, verdict.held_in)
         allowed = tuple(b for b in order if costs[b] <= level)
         if allowed[0] != order[0]:
             observation.decision_reason = "budget_fallback_cheaper"
-        return allowed, verdict
+        return allowed, verdict, Reservation(keys, level, wall, verdict.held_in)
 
-    def settle(self, observation: Observation, started_wall: float) -> float | None:
-        """Count the request's real cost under every counter of its route (and key); returns what was
-        reserved for it, if anything. Every request is counted, capped or not, so a cap added by a
-        policy reload starts from the period's true spend."""
-        reservation = self._held.pop(id(observation), None)
+    def settle(self, reservation: Reservation | None, observation: Observation, started_wall: float) -> None:
+        """Count the request's real cost under every counter of its route (and key), releasing its
+        reservation. Every request is counted, capped or not, so a cap added by a policy reload
+        starts from the period's true spend."""
         actual = observation.cost_usd or 0.0
         # Counted in the periods it was admitted in, even if it ends after midnight.
         wall = started_wall if reservation is None else reservation.wall
@@ -200,14 +194,13 @@ class Budgets:
         keys = [counter_key(scope, name, period, wall) for scope, name in scopes for period in PERIODS]
         if reservation is None:
             self.store.settle(keys, 0.0, actual)
-            return None
+            return
         self.store.settle(reservation.keys, reservation.amount, actual, reservation.held_in)
         # Counters without a cap took no reservation: they only count (releasing one would free
         # another request's reservation).
         uncapped = [key for key in keys if key not in reservation.keys]
         if uncapped:
             self.store.settle(uncapped, 0.0, actual)
-        return reservation.amount
 
     def usage(self, policy: CompiledPolicy, wall: float) -> list[BudgetUse]:
         """Every cap in the policy with its counters now: for metrics and the dashboard."""

@@ -75,7 +75,7 @@ class Observation:
     api_key_name: str | None = None
     decision_reason: str | None = None
     attempts: list[Attempt] = field(default_factory=list)
-    status: Literal["ok", "error"] = "ok"
+    status: Literal["ok", "error", "cancelled"] = "ok"  # cancelled: the client left first
     error_type: str | None = None
     finished_at: float | None = None
     cost_usd: float | None = None  # settled, summed over attempts

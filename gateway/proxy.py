@@ -1,21 +1,24 @@
-"""The request lifecycle, top to bottom: read, route, decide, attempt with fallback, relay, observe.
+"""The request lifecycle, top to bottom: read, route, decide, admit, attempt with fallback, relay, settle.
 
-Handlers in ``api/openai.py`` call ``complete()``; everything a request does happens in the named
-steps below, and every outcome (success, fallback, failure) lands in one ``Observation``.
+``serve`` is the whole life of one completion request. Everything it does happens in the named
+steps below, on one ``Exchange`` that is settled exactly once however the request ends.
 """
 
 from __future__ import annotations
 
 import asyncio
-from dataclasses import dataclass
+import logging
 from typing import Any, Literal
 
 import orjson
-from starlette.requests import Request
+from starlette.datastructures import Headers
+from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response
+from starlette.types import Receive, Scope, Send
 
+from gateway.api.responses import error_response, internal_error_response
 from gateway.auth import authorize_route
-from gateway.backends.openai_compat import expect_chunks_within, iter_chunks
+from gateway.backends import UpstreamCall
 from gateway.dialect import estimate_tokens, prompt_chars, read_completion
 from gateway.errors import (
     AttemptFailure,
@@ -27,71 +30,85 @@ from gateway.errors import (
     UpstreamError,
     UpstreamTimeout,
 )
+from gateway.exchange import ClientRequest, Exchange
 from gateway.observation import Attempt, Observation
-from gateway.policy.compiled import CompiledBackend, CompiledPolicy, CompiledRoute
+from gateway.policy.compiled import CompiledPolicy
 from gateway.runtime import Runtime
 from gateway.streaming import StreamMeter, StreamRelay
+
+log = logging.getLogger("gateway")
 
 Endpoint = Literal["chat", "completions"]
 UPSTREAM_PATHS: dict[str, str] = {"chat": "/chat/completions", "completions": "/completions"}
 REQUIRED_FIELD: dict[str, str] = {"chat": "messages", "completions": "prompt"}
 
 
-@dataclass(slots=True)
-class ClientRequest:
-    payload: dict[str, Any]
-    route: CompiledRoute
-    stream: bool
-    wants_usage: bool
-    prompt_chars: int
-    max_tokens: int | None
+async def serve(runtime: Runtime, endpoint: Endpoint, scope: Scope, receive: Receive, send: Send) -> None:
+    """One completion request as a bare ASGI call; every error becomes an OpenAI-format body here."""
+    request = Request(scope, receive)
+    exchange = Exchange(runtime, endpoint, request_id(request.headers, runtime))
+    try:
+        response: Response | StreamRelay = await answer(exchange, request, receive)
+    except GatewayError as exc:
+        runtime.error_returned(exc)
+        exchange.fail(exc.code or exc.type)
+        response = error_response(exc)
+    except ClientDisconnect:  # gone while still sending its body: nobody to answer
+        exchange.settle()
+        return
+    except asyncio.CancelledError:
+        exchange.settle()
+        if exchange.absorb_cancel():  # gone while waiting for the upstream: its connection is cut
+            return
+        raise
+    except Exception:
+        log.exception("unhandled error on POST %s", scope["path"])
+        exchange.fail("internal_error")
+        response = internal_error_response()
+    if not isinstance(response, StreamRelay):
+        exchange.settle()  # before the answer goes out: whoever reads spend next sees this request
+    try:
+        await response(scope, receive, send)
+    finally:
+        exchange.settle()  # a stream settles at its end; this is a no-op then
 
 
-async def complete(runtime: Runtime, request: Request, endpoint: Endpoint) -> Response | StreamRelay:
-    policy = runtime.policy
-    started = runtime.clock()
-    key = runtime.authenticate(request.headers)
+async def answer(exchange: Exchange, request: Request, receive: Receive) -> Response | StreamRelay:
+    runtime, policy = exchange.runtime, exchange.policy
+    exchange.key = runtime.authenticate(policy, request.headers)
     body = await read_body(request, policy.max_body_bytes)
-    client = parse_request(body, endpoint, policy)
-    authorize_route(key, client.route.name)
-    observation = Observation(
-        request_id=request_id(request, runtime),
+    exchange.watch_client(receive)
+    client = exchange.client = parse_request(body, exchange.endpoint, policy)
+    authorize_route(exchange.key, client.route.name)
+    observation = exchange.observation = Observation(
+        request_id=exchange.request_id,
         route=client.route.name,
-        endpoint=endpoint,
+        endpoint=exchange.endpoint,
         stream=client.stream,
-        started_at=started,
+        started_at=exchange.started_at,
         prompt_chars=client.prompt_chars,
         max_tokens=client.max_tokens,
-        api_key_name=None if key is None else key.name,
+        api_key_name=None if exchange.key is None else exchange.key.name,
     )
-    decision = runtime.decide(
-        client.route, estimate_tokens(client.prompt_chars), client.max_tokens, client.stream
+    decision = exchange.decision = runtime.decide(
+        policy, client.route, estimate_tokens(client.prompt_chars), client.max_tokens, client.stream
     )
     observation.decision_reason = decision.reason
     observation.expected_cost_usd = decision.expected_cost_usd
     if not decision.order:
-        runtime.request_failed(observation, "no_backend_available")
         raise NoRouteAvailable(
             f"route '{client.route.name}' has no backend to take this request: {decision.reason}"
         )
-    order = await runtime.admit(observation, client.route, decision)
-    try:
-        return await attempt_in_order(runtime, policy, client, observation, order, endpoint)
-    except BaseException as exc:
-        runtime.request_abandoned(observation, exc)  # a no-op when a step already settled it
-        raise
+    order = await runtime.admit(exchange)
+    return await attempt_in_order(exchange, client, observation, order)
 
 
 async def attempt_in_order(
-    runtime: Runtime,
-    policy: CompiledPolicy,
-    client: ClientRequest,
-    observation: Observation,
-    order: tuple[str, ...],
-    endpoint: Endpoint,
+    exchange: Exchange, client: ClientRequest, observation: Observation, order: tuple[str, ...]
 ) -> Response | StreamRelay:
     """Try each chosen backend until one answers; fall back only while no byte reached the client."""
-    deadline = observation.started_at + client.route.fallback.deadline_s
+    runtime = exchange.runtime
+    deadline = exchange.started_at + client.route.fallback.deadline_s
     failure: AttemptFailure | None = None
     for name in order[: client.route.fallback.max_attempts]:
         remaining = deadline - runtime.clock()
@@ -99,94 +116,59 @@ async def attempt_in_order(
             break
         if observation.attempts and not runtime.allows(name):
             continue
-        backend = policy.backends[name]
-        attempt = runtime.attempt_started(observation, name)
-        body = upstream_body(client, backend)
+        backend = exchange.policy.backends[name]
+        attempt = exchange.begin_attempt(name)
+        path, body = UPSTREAM_PATHS[exchange.endpoint], upstream_body(client, backend.model)
         try:
             if client.stream:
-                return await open_stream(
-                    runtime, backend, client, observation, attempt, body, endpoint, remaining
-                )
-            return await complete_once(
-                runtime, backend, client, observation, attempt, body, endpoint, remaining
-            )
+                wait_s = min(backend.timeouts.first_byte_s, remaining)
+                return await open_stream(exchange, attempt, UpstreamCall(backend, path, body, True, wait_s))
+            wait_s = min(backend.timeouts.answer_s, remaining)
+            return await complete_once(exchange, attempt, UpstreamCall(backend, path, body, False, wait_s))
         except AttemptFailure as exc:
             failure = exc
             attempt.status = "timeout" if exc.kind == "timeout" else "upstream_error"
             attempt.error, attempt.http_status = exc.message, exc.http_status
-            attempt.finished_at = runtime.clock()
-            runtime.attempt_finished(observation, attempt)
+            exchange.end_attempt()
             if exc.client_fault is not None:
-                runtime.request_failed(observation, "upstream_rejected_request")
+                exchange.fail("upstream_rejected_request")
                 raise exc.client_fault from None
-    runtime.request_failed(observation, "upstream_failed")
+    exchange.fail("upstream_failed")
     raise final_error(failure, len(observation.attempts))
 
 
-async def open_stream(
-    runtime: Runtime,
-    backend: CompiledBackend,
-    client: ClientRequest,
-    observation: Observation,
-    attempt: Attempt,
-    body: bytes,
-    endpoint: Endpoint,
-    remaining_s: float,
-) -> StreamRelay:
+async def open_stream(exchange: Exchange, attempt: Attempt, call: UpstreamCall) -> StreamRelay:
     """Open the upstream stream and wait for its first event: until then a failure can still fall back."""
-    first_byte_s = min(backend.timeouts.first_byte_s, remaining_s)
-    path = UPSTREAM_PATHS[endpoint]
-    response = await runtime.upstream.open(backend, path, body, wait_s=first_byte_s, stream=True)
+    upstream = await exchange.open(call)
+    client, clock = exchange.client, exchange.runtime.clock
+    assert client is not None
     meter = StreamMeter(attempt, client_wants_usage=client.wants_usage, prompt_chars=client.prompt_chars)
-    chunks = iter_chunks(backend, response)
+    chunks = upstream.chunks()
     first = b""
     try:
-        async with asyncio.timeout(first_byte_s):
+        async with asyncio.timeout(call.wait_s):
             while not first:
                 data = await anext(chunks, None)
                 if data is None:
-                    raise AttemptFailure("dropped", f"{backend.name}: stream ended before its first event")
-                first = meter.feed(data, runtime.clock())
+                    raise AttemptFailure(
+                        "dropped", f"{call.backend.name}: stream ended before its first event"
+                    )
+                first = meter.feed(data, clock())
     except TimeoutError:
-        response.close()
-        raise AttemptFailure("timeout", f"{backend.name}: no first token in {first_byte_s:g}s") from None
-    except AttemptFailure:
-        response.close()
-        raise
-    expect_chunks_within(response, backend.timeouts.idle_s)
-
-    def finish() -> None:
-        runtime.attempt_finished(observation, attempt)
-        runtime.request_finished(observation)
-
-    return StreamRelay(
-        headers=response_headers(observation, runtime, "text/event-stream"),
-        first=first,
-        chunks=chunks,
-        meter=meter,
-        attempt=attempt,
-        clock=runtime.clock,
-        release=lambda: response.release() if response.content.is_eof() else response.close(),
-        on_finish=finish,
-    )
+        raise AttemptFailure("timeout", f"{call.backend.name}: no first token in {call.wait_s:g}s") from None
+    upstream.expect_chunks_within(call.backend.timeouts.idle_s)
+    headers = response_headers(exchange, "text/event-stream")
+    return StreamRelay(exchange, chunks, headers=headers, first=first, meter=meter, attempt=attempt)
 
 
-async def complete_once(
-    runtime: Runtime,
-    backend: CompiledBackend,
-    client: ClientRequest,
-    observation: Observation,
-    attempt: Attempt,
-    body: bytes,
-    endpoint: Endpoint,
-    remaining_s: float,
-) -> Response:
+async def complete_once(exchange: Exchange, attempt: Attempt, call: UpstreamCall) -> Response:
     # A whole answer's headers come only once it is complete, so its wait is the answer's, not a token's.
-    wait_s = min(backend.timeouts.answer_s, remaining_s)
-    path = UPSTREAM_PATHS[endpoint]
-    response = await runtime.upstream.open(backend, path, body, wait_s=wait_s, stream=False)
-    raw = await runtime.upstream.read_body(backend, response, max(remaining_s, 1.0))
-    response.release()
+    runtime, client = exchange.runtime, exchange.client
+    assert client is not None
+    upstream = await exchange.open(call)
+    raw = await upstream.read(
+        max(exchange.started_at + client.route.fallback.deadline_s - runtime.clock(), 1.0)
+    )
     attempt.finished_at = runtime.clock()
     attempt.usage, decode_s = read_completion(raw, client.prompt_chars)
     duration = attempt.finished_at - attempt.started_at
@@ -194,12 +176,11 @@ async def complete_once(
         attempt.decode_s = min(decode_s, duration)
         attempt.ttft_s = duration - attempt.decode_s
     else:  # the backend's usual first-token wait, measured on its streams, was not decoding
-        usual_ttft = runtime.stats.view(backend.name).ttft_p50_s or 0.0
+        usual_ttft = runtime.stats.view(call.backend.name).ttft_p50_s or 0.0
         attempt.decode_s = duration - usual_ttft if usual_ttft < duration else duration
-    runtime.attempt_finished(observation, attempt)
-    runtime.request_finished(observation)
+    exchange.end_attempt()
     reply = Response(raw)  # the upstream's bytes as they came; only our headers are added
-    reply.raw_headers = [*reply.raw_headers, *response_headers(observation, runtime, "application/json")]
+    reply.raw_headers = [*reply.raw_headers, *response_headers(exchange, "application/json")]
     return reply
 
 
@@ -217,7 +198,7 @@ async def read_body(request: Request, limit: int) -> bytes:
     return b"".join(chunks)
 
 
-def parse_request(body: bytes, endpoint: Endpoint, policy: CompiledPolicy) -> ClientRequest:
+def parse_request(body: bytes, endpoint: str, policy: CompiledPolicy) -> ClientRequest:
     if not body:
         raise InvalidRequest("request body is empty; expected a JSON object")
     try:
@@ -260,19 +241,19 @@ def parse_request(body: bytes, endpoint: Endpoint, policy: CompiledPolicy) -> Cl
     )
 
 
-def upstream_body(client: ClientRequest, backend: CompiledBackend) -> bytes:
+def upstream_body(client: ClientRequest, model: str) -> bytes:
     """The client's body with the backend's model name; streams always ask for usage (stripped again
     by the relay when the client did not ask), so every streamed token is accounted for."""
-    payload = dict(client.payload)
-    payload["model"] = backend.model
+    payload: dict[str, Any] = dict(client.payload)
+    payload["model"] = model
     if client.stream:
         payload["stream_options"] = {**(client.payload.get("stream_options") or {}), "include_usage": True}
     return orjson.dumps(payload)
 
 
-def response_headers(
-    observation: Observation, runtime: Runtime, content_type: str
-) -> list[tuple[bytes, bytes]]:
+def response_headers(exchange: Exchange, content_type: str) -> list[tuple[bytes, bytes]]:
+    observation = exchange.observation
+    assert observation is not None
     headers = [
         (b"content-type", content_type.encode()),
         (b"x-request-id", observation.request_id.encode()),
@@ -280,10 +261,15 @@ def response_headers(
         (b"x-gateway-backend", (observation.backend or "").encode()),
         (b"x-gateway-decision", (observation.decision_reason or "").encode()),
     ]
-    cost = runtime.cost_header(observation)
+    # Settled cost when known (non-streaming); before a stream ends, the decision's estimate.
+    settled = observation.cost_usd is not None
+    cost = observation.cost_usd if settled else observation.expected_cost_usd
     if cost is not None:
-        basis = observation.cost_basis if observation.cost_usd is not None else "expected"
-        headers += [(b"x-gateway-cost-usd", cost.encode()), (b"x-gateway-cost-basis", (basis or "").encode())]
+        basis = observation.cost_basis if settled else "expected"
+        headers += [
+            (b"x-gateway-cost-usd", f"{cost:.8f}".encode()),
+            (b"x-gateway-cost-basis", (basis or "").encode()),
+        ]
     if content_type == "text/event-stream":
         headers += [(b"cache-control", b"no-cache"), (b"x-accel-buffering", b"no")]
     return headers
@@ -300,9 +286,9 @@ def final_error(failure: AttemptFailure | None, attempts: int) -> GatewayError:
     )
 
 
-def request_id(request: Request, runtime: Runtime) -> str:
+def request_id(headers: Headers, runtime: Runtime) -> str:
     """The client's ``x-request-id`` when it looks like one, so logs can be joined; else a new one."""
-    given = request.headers.get("x-request-id", "")
+    given = headers.get("x-request-id", "")
     if 0 < len(given) <= 64 and given.replace("-", "").replace("_", "").isalnum():
         return given
     return runtime.new_request_id()

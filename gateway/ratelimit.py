@@ -51,7 +51,6 @@ def window_key(key_name: str, unit: str) -> str:
 class RateLimits:
     def __init__(self, store: Store) -> None:
         self.store = store
-        self._held: dict[int, HeldTokens] = {}  # by id() of the request's Observation
 
     def charges(
         self, observation: Observation, decision: Decision, policy: CompiledPolicy
@@ -80,16 +79,15 @@ class RateLimits:
             verdict.retry_after_s,
         )
 
-    def hold(self, observation: Observation, charges: tuple[WindowCharge, ...], verdict: Verdict) -> None:
-        """Remember a token reservation, to settle it with the real usage."""
+    @staticmethod
+    def held(charges: tuple[WindowCharge, ...], verdict: Verdict) -> HeldTokens | None:
+        """The token reservation an admitted request holds, to settle with its real usage."""
         for charge in charges:
             if charge.key.endswith(":tokens"):
-                self._held[id(observation)] = HeldTokens(
-                    charge.key, charge.amount, verdict.bucket, verdict.held_in
-                )
+                return HeldTokens(charge.key, charge.amount, verdict.bucket, verdict.held_in)
+        return None
 
-    def settle(self, observation: Observation) -> None:
-        held = self._held.pop(id(observation), None)
+    def settle(self, held: HeldTokens | None, observation: Observation) -> None:
         if held is None:
             return
         used = sum(a.usage.prompt_tokens + a.usage.completion_tokens for a in observation.attempts if a.usage)

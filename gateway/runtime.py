@@ -1,8 +1,8 @@
-"""The objects one gateway process shares, built once at start-up: policy, upstream, stats, store.
+"""The objects one gateway process shares, built once at start-up: policy, backends, stats, store.
 
-Handlers reach it through ``request.app.state.runtime``; nothing lives in module globals. The
-request path talks to it through a handful of verbs (decide, attempt_started/finished,
-request_finished/failed) so stats, costs, the ledger and metrics plug in here and nowhere else.
+Handlers reach it through ``request.app.state.runtime``; nothing lives in module globals. A request
+(an ``Exchange``) talks to it through a few verbs (decide, admit, attempt_finished, settle), each
+handed the exchange's own policy snapshot, so stats, costs, the ledger and metrics plug in here.
 """
 
 from __future__ import annotations
@@ -15,28 +15,29 @@ import os
 import random
 import time
 from collections import Counter, deque
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any, Protocol
 
 from starlette.datastructures import Headers
 
 from gateway.auth import ApiKey, AuthenticationFailed, PermissionDenied, authenticate
-from gateway.backends.openai_compat import OpenAICompatClient
-from gateway.budgets import BudgetExhausted, Budgets
+from gateway.backends import Backends
+from gateway.budgets import Budgets
 from gateway.costs import attempt_cost
 from gateway.errors import GatewayError, UpstreamClientError, UpstreamError
+from gateway.exchange import Exchange
 from gateway.fleet import Fleet
 from gateway.ledger import Ledger, row_of
 from gateway.metrics import GatewayMetrics
 from gateway.observation import Attempt, Observation
 from gateway.policy.compiled import CompiledPolicy, CompiledRoute
 from gateway.policy.decide import Decision, DecisionMemo, RequestFeatures, decide
-from gateway.ratelimit import RateLimited, RateLimits
+from gateway.ratelimit import RateLimits
 from gateway.signals import SignalScraper
 from gateway.spend import SpendTally, seed_tally
-from gateway.stats import AttemptTicket, LiveStats
-from gateway.store import StoreUnavailable, open_store
+from gateway.stats import AttemptTicket, BackendView, LiveStats
+from gateway.store import open_store
 
 log = logging.getLogger("gateway")
 
@@ -71,12 +72,11 @@ class Runtime:
         self.policy_source = policy
         self.clock = clock
         self.rng = rng or random.Random()
-        self.upstream = OpenAICompatClient()
+        self.backends = Backends()  # one HTTP stack for upstream traffic: completions, signals, health
         self.stats = LiveStats(clock)
-        self.scraper = SignalScraper(self.stats, clock=clock)
+        self.scraper = SignalScraper(self.stats, self.backends.fetch, clock=clock)
         # The last requests, newest last: for /admin, the dashboard and tests.
         self.recent: deque[Observation] = deque(maxlen=256)
-        self._tickets: dict[int, AttemptTicket] = {}
         self._decision_memo: DecisionMemo = {}
         # Request ids: random per process, then counted (a syscall per request for randomness is waste).
         self._request_id_prefix = os.urandom(6).hex()
@@ -136,24 +136,24 @@ class Runtime:
             with contextlib.suppress(asyncio.CancelledError):
                 await task
         await self.scraper.stop()
-        await self.upstream.close()
+        await self.backends.close()
         # Last: uvicorn has already drained in-flight requests, so every row is in the queue by now.
         await self.budgets.close()
         await self.ledger.close()
         self.metrics.close()
 
     async def readiness(self) -> dict[str, Any]:
-        """Ready when a policy is loaded, at least one of its backends answers and the store can admit
-        requests (it answers, or the policy fails open)."""
+        """Ready when a policy is loaded, at least one of its backends is up, as the signal scraper and
+        the circuits last saw it (nothing is probed here), and the store can admit requests."""
         policy = self.policy
-        names = list(policy.backends)
-        states = await asyncio.gather(*(self.upstream.probe(policy.backends[n]) for n in names))
-        backends = dict(zip(names, states, strict=True))
+        await self.scraper.first_round_done()
+        scraped = self.scraper.status()
+        backends = {name: backend_state(self.stats.view(name), scraped.get(name)) for name in policy.backends}
         store = self.store.report()
         if self.fleet is not None:
             store["fleet"] = self.fleet.report()
         return {
-            "ready": any(state == "ok" for state in states) and self.store.health.serving,
+            "ready": any(state == "ok" for state in backends.values()) and self.store.health.serving,
             "pid": os.getpid(),  # which worker answered, with ``serve --workers``
             "policy": {"source": policy.source, "digest": policy.digest[:12]},
             "backends": backends,
@@ -161,20 +161,25 @@ class Runtime:
         }
 
     def decide(
-        self, route: CompiledRoute, prompt_tokens: int, max_tokens: int | None, stream: bool
+        self,
+        policy: CompiledPolicy,
+        route: CompiledRoute,
+        prompt_tokens: int,
+        max_tokens: int | None,
+        stream: bool,
     ) -> Decision:
         features = RequestFeatures(route.name, prompt_tokens, max_tokens, stream)
         snapshot = self.stats.snapshot(route.backends)
-        return decide(features, route, self.policy, snapshot, self.rng, self._decision_memo)
+        return decide(features, route, policy, snapshot, self.rng, self._decision_memo)
 
-    def authenticate(self, headers: Headers) -> ApiKey | None:
-        keys = self.policy.api_keys
+    def authenticate(self, policy: CompiledPolicy, headers: Headers) -> ApiKey | None:
+        keys = policy.api_keys
         if not keys and self.require_keys:
             raise AuthenticationFailed("this gateway listens beyond loopback and its policy has no API keys")
         return authenticate(keys, headers)
 
     def authorize_admin(self, headers: Headers) -> None:
-        key = self.authenticate(headers)
+        key = self.authenticate(self.policy, headers)
         if key is not None and not key.admin:
             raise PermissionDenied(f"the API key '{key.name}' is not an admin key", code="admin_only")
 
@@ -190,84 +195,41 @@ class Runtime:
         """A fallback re-checks the circuit: it may have opened since the decision."""
         return self.stats.allows_request(backend)
 
-    def attempt_started(self, observation: Observation, backend: str) -> Attempt:
-        ticket = self.stats.attempt_started(backend)
-        attempt = Attempt(backend=backend, started_at=ticket.started_at)
-        self._tickets[id(attempt)] = ticket
-        observation.attempts.append(attempt)
-        return attempt
-
-    def attempt_finished(self, observation: Observation, attempt: Attempt) -> None:
-        ticket = self._tickets.pop(id(attempt), None)
-        if ticket is None:
-            return  # already settled
-        if attempt.finished_at is None:
-            attempt.finished_at = self.clock()
+    def attempt_finished(self, exchange: Exchange, attempt: Attempt, ticket: AttemptTicket) -> None:
+        """One attempt ended: it teaches the live stats (and the fleet) and adds its cost."""
+        observation = exchange.observation
+        assert observation is not None
         self.stats.attempt_finished(ticket, attempt, observation.route)
         if self.fleet is not None:
             self.fleet.attempt_finished(attempt, observation.route)
-        backend = self.policy.backends.get(attempt.backend)
-        if attempt.usage is not None and backend is not None:
+        backend = exchange.policy.backends[attempt.backend]
+        if attempt.usage is not None:
             cost = attempt_cost(
                 backend, attempt.usage, self.stats.view(attempt.backend).aggregate_tokens_per_s
             )
             observation.cost_usd = (observation.cost_usd or 0.0) + cost.usd
             observation.cost_basis = cost.basis
 
-    def request_finished(self, observation: Observation) -> None:
-        observation.finished_at = self.clock()
-        if observation.final is not None and observation.final.status != "ok":
-            observation.status = "error"
-            observation.error_type = observation.final.status
-        self.recent.append(observation)
-        self._account(observation)
-
-    def request_failed(self, observation: Observation, error_type: str) -> None:
-        observation.status = "error"
-        observation.error_type = error_type
-        observation.finished_at = self.clock()
-        self.recent.append(observation)
-        self._account(observation)
-
     def error_returned(self, error: GatewayError) -> None:
         origin = "upstream" if isinstance(error, (UpstreamError, UpstreamClientError)) else "gateway"
         self.errors_returned[(origin, error.code or error.type)] += 1
 
-    def cost_header(self, observation: Observation) -> str | None:
-        """Settled cost when known (non-streaming); before a stream ends, the decision's estimate."""
-        cost = observation.cost_usd if observation.cost_usd is not None else observation.expected_cost_usd
-        return None if cost is None else f"{cost:.8f}"
-
-    async def admit(
-        self, observation: Observation, route: CompiledRoute, decision: Decision
-    ) -> tuple[str, ...]:
+    async def admit(self, exchange: Exchange) -> tuple[str, ...]:
         """Reserve the request's predicted cost against its budgets and charge its key's rate limits,
-        in one step of the store; returns the backends it may try.
-
-        A refused request is settled here (its ledger row names the refusal), then the error raised.
-        """
-        policy = self.policy
-        try:
-            if not self.store.health.serving:
-                raise self.store.health.unavailable()
-            charges = self.rate_limits.charges(observation, decision, policy)
-            order, verdict = await self.budgets.admit(
-                observation, route, decision, policy, self.wall_clock(), charges
-            )
-            if verdict.status == "limited":
-                raise self.rate_limits.refused(verdict, charges, observation.api_key_name or "")
-        except (BudgetExhausted, RateLimited, StoreUnavailable) as exc:
-            self.request_failed(observation, exc.code or exc.type)
-            raise
-        self.rate_limits.hold(observation, charges, verdict)
+        in one step of the store; returns the backends it may try. The exchange holds what was
+        reserved until it settles."""
+        observation, decision, policy = exchange.observation, exchange.decision, exchange.policy
+        assert observation is not None and decision is not None and exchange.client is not None
+        if not self.store.health.serving:
+            raise self.store.health.unavailable()
+        charges = self.rate_limits.charges(observation, decision, policy)
+        order, verdict, exchange.budget = await self.budgets.admit(
+            observation, exchange.client.route, decision, policy, self.wall_clock(), charges
+        )
+        if verdict.status == "limited":
+            raise self.rate_limits.refused(verdict, charges, observation.api_key_name or "")
+        exchange.tokens = self.rate_limits.held(charges, verdict)
         return order
-
-    def request_abandoned(self, observation: Observation, error: BaseException) -> None:
-        """An exception no step settled (a bug, a cancellation): settle it now, so the reservation is
-        released and the request still gets its ledger row."""
-        if observation.finished_at is None:
-            cancelled = isinstance(error, asyncio.CancelledError)
-            self.request_failed(observation, "cancelled" if cancelled else "internal_error")
 
     async def _start_spend(self) -> None:
         await self.ledger.start()
@@ -275,13 +237,29 @@ class Runtime:
         await asyncio.to_thread(seed_tally, self.spend, self.ledger.path, self.wall_clock())
         await self.budgets.seed(self.ledger.path, self.wall_clock())
 
-    def _account(self, observation: Observation) -> None:
-        """Settle a finished request: its budget reservation, ledger row, live spend and metrics."""
+    def settle(self, exchange: Exchange) -> None:
+        """Close the books on a finished request: its reservations, ledger row, live spend, metrics."""
+        observation = exchange.observation
+        assert observation is not None
         started_wall = self.wall_clock() - (self.clock() - observation.started_at)
-        reserved = self.budgets.settle(observation, started_wall)
-        self.rate_limits.settle(observation)
-        backend = self.policy.backends.get(observation.backend or "")
+        self.budgets.settle(exchange.budget, observation, started_wall)
+        self.rate_limits.settle(exchange.tokens, observation)
+        backend = exchange.policy.backends.get(observation.backend or "")
+        reserved = None if exchange.budget is None else exchange.budget.amount
         row = row_of(observation, started_wall, None if backend is None else backend.model, reserved)
         self.ledger.append(row)
         self.spend.add(started_wall, observation.route, row.cost_usd)
+        self.recent.append(observation)
         self.metrics.request_finished(observation)
+
+
+def backend_state(view: BackendView, scraped: Mapping[str, object] | None) -> str:
+    """One word for /ready: "ok", "booting", "down" (health check failing), "circuit_open", or
+    "unknown" (its health check has not answered yet)."""
+    if view.booting:
+        return "booting"
+    if scraped is not None and scraped.get("healthy") is None:
+        return "unknown"
+    if not view.healthy:
+        return "down"
+    return "ok" if view.circuit != "open" else "circuit_open"

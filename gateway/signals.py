@@ -7,18 +7,22 @@ predict TTFT before sending, and a failing health check keeps a booting backend 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import math
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, replace
 from typing import Protocol
 
-import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
+from gateway.backends.base import Fetched
 from gateway.policy.compiled import CompiledBackend
+
+# A GET through the process's upstream HTTP stack: (url, headers, timeout_s) -> what came back.
+Fetch = Callable[[str, "dict[str, str] | None", float], Awaitable[Fetched]]
 
 logger = logging.getLogger("gateway.signals")
 
@@ -160,18 +164,19 @@ def _token_rate(total: float | None, scraped_at: float, previous: LoadSignals | 
     return increase / elapsed
 
 
-@dataclass(frozen=True, slots=True)
-class _Reply:
-    status: int | None  # None when no answer came (refused, timed out)
-    text: str = ""
-    error: str = ""
+def body_of(reply: Fetched) -> str:
+    """The text of a 200 answer; ValueError naming what came instead."""
+    if reply.status is None:
+        raise ValueError(reply.error)
+    if reply.status != 200:
+        raise ValueError(f"HTTP {reply.status}")
+    return reply.text
 
-    def body(self) -> str:
-        if self.status is None:
-            raise ValueError(self.error)
-        if self.status != 200:
-            raise ValueError(f"HTTP {self.status}")
-        return self.text
+
+def health_of(status: int | None) -> tuple[bool, bool]:
+    """``(healthy, booting)`` from a health check's status: 200 is up, 503 is loading (vLLM and
+    llama.cpp both answer 503 while they load weights), anything else or no answer is down."""
+    return status == 200, status == 503
 
 
 @dataclass(slots=True)
@@ -193,16 +198,12 @@ class SignalScraper:
     """One asyncio loop per backend that has signal URLs, each about every ``interval_s`` seconds."""
 
     def __init__(
-        self,
-        sink: SignalSink,
-        *,
-        clock: Callable[[], float] = time.monotonic,
-        client: httpx.AsyncClient | None = None,
+        self, sink: SignalSink, fetch: Fetch, *, clock: Callable[[], float] = time.monotonic
     ) -> None:
         self._sink = sink
+        self._fetch = fetch
         self._clock = clock
-        self._client = client
-        self._owns_client = client is None
+        self._round_done = asyncio.Event()  # set after every round, for first_round_done
         self._watches: dict[str, _Watch] = {}
         self._retired: set[asyncio.Task[None]] = set()
         self._running = False
@@ -236,9 +237,15 @@ class SignalScraper:
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
-        if self._owns_client and self._client is not None:
-            await self._client.aclose()
-            self._client = None
+
+    async def first_round_done(self, timeout_s: float = 2.0) -> None:
+        """Wait (briefly) until every watched backend has had its first round, so that a readiness
+        check right after start-up reports what the backends said rather than "unknown"."""
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(timeout_s):
+                while any(w.task is not None and w.last_attempt_at is None for w in self._watches.values()):
+                    self._round_done.clear()
+                    await self._round_done.wait()
 
     def status(self) -> dict[str, dict[str, object]]:
         return {
@@ -265,6 +272,7 @@ class SignalScraper:
             self._get(backend, signals.health_url),
         )
         watch.last_attempt_at = now
+        self._round_done.set()
         errors: list[str] = []
         load = self._read_load(backend, watch, now, metrics, slots, errors)
         if load is not None:
@@ -297,41 +305,33 @@ class SignalScraper:
             interval = watch.backend.signals.interval_s
             await asyncio.sleep(max(0.0, interval - (loop.time() - started)))
 
-    async def _get(self, backend: CompiledBackend, url: str | None) -> _Reply | None:
+    async def _get(self, backend: CompiledBackend, url: str | None) -> Fetched | None:
         if url is None:
             return None
-        if self._client is None:
-            self._client = httpx.AsyncClient()
         headers = {"Authorization": f"Bearer {backend.api_key}"} if backend.api_key else None
         # Short: a round must not outlive its interval by much, yet a busy box answers slower.
-        timeout = min(max(backend.signals.interval_s, 0.5), 2.0)
-        try:
-            response = await self._client.get(url, headers=headers, timeout=timeout)
-        except httpx.HTTPError as exc:
-            # Timeouts often carry no message: the exception's name is the useful part.
-            return _Reply(None, error=f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__)
-        return _Reply(response.status_code, response.text)
+        return await self._fetch(url, headers, min(max(backend.signals.interval_s, 0.5), 2.0))
 
     def _read_load(
         self,
         backend: CompiledBackend,
         watch: _Watch,
         now: float,
-        metrics: _Reply | None,
-        slots: _Reply | None,
+        metrics: Fetched | None,
+        slots: Fetched | None,
         errors: list[str],
     ) -> LoadSignals | None:
         load: LoadSignals | None = None
         if metrics is not None:
             try:
-                load = _parse_metrics(backend.dialect, metrics.body(), now, watch.previous)
+                load = _parse_metrics(backend.dialect, body_of(metrics), now, watch.previous)
             except ValueError as exc:
                 errors.append(f"metrics: {exc}")
             else:
                 watch.previous = load
         if slots is not None:
             try:
-                total, busy = parse_llamacpp_slots(json.loads(slots.body()))
+                total, busy = parse_llamacpp_slots(json.loads(body_of(slots)))
             except ValueError as exc:
                 errors.append(f"slots: {exc}")
             else:
@@ -346,8 +346,8 @@ class SignalScraper:
             logger.info("load signals of %s are fresh again", watch.backend.name)
         watch.stale = stale
 
-    def _note_health(self, watch: _Watch, reply: _Reply, errors: list[str]) -> None:
-        healthy, booting = reply.status == 200, reply.status == 503
+    def _note_health(self, watch: _Watch, reply: Fetched, errors: list[str]) -> None:
+        healthy, booting = health_of(reply.status)
         if not healthy:
             errors.append(f"health: {reply.error or f'HTTP {reply.status}'}")
         if (healthy, booting) == (watch.healthy, watch.booting):

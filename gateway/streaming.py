@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import AsyncIterator, Awaitable, Callable, MutableMapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import orjson
 
@@ -18,8 +18,10 @@ from gateway.dialect import REASONING_FIELDS, counted_usage, usage_from
 from gateway.errors import AttemptFailure, error_bytes
 from gateway.observation import Attempt
 
+if TYPE_CHECKING:
+    from gateway.exchange import Exchange
+
 DRAIN_TIMEOUT_S = 1.0
-Clock = Callable[[], float]
 Send = Callable[[dict[str, Any]], Awaitable[None]]
 Receive = Callable[[], Awaitable[MutableMapping[str, Any]]]
 
@@ -165,54 +167,44 @@ def error_event(message: str, code: str) -> bytes:
 
 
 class StreamRelay:
-    """An ASGI response that relays an open upstream stream and settles the observation at the end."""
+    """An ASGI response that relays an open upstream stream; its end settles the exchange."""
+
+    __slots__ = ("_attempt", "_chunks", "_exchange", "_first", "_headers", "_meter")
 
     def __init__(
         self,
+        exchange: Exchange,
+        chunks: AsyncIterator[bytes],
         *,
         headers: list[tuple[bytes, bytes]],
         first: bytes,
-        chunks: AsyncIterator[bytes],
         meter: StreamMeter,
         attempt: Attempt,
-        clock: Clock,
-        release: Callable[[], None],
-        on_finish: Callable[[], None],
     ) -> None:
+        self._exchange = exchange
+        self._chunks = chunks
         self._headers = headers
         self._first = first
-        self._chunks = chunks
         self._meter = meter
         self._attempt = attempt
-        self._clock = clock
-        self._release = release
-        self._on_finish = on_finish
-        self._client_gone = False
-        self._response_ended = False
 
     async def __call__(self, scope: Any, receive: Receive, send: Send) -> None:
-        watcher = asyncio.get_running_loop().create_task(
-            self._watch_disconnect(receive, asyncio.current_task())
-        )
+        exchange = self._exchange
         try:
             await send({"type": "http.response.start", "status": 200, "headers": self._headers})
             await send({"type": "http.response.body", "body": self._first, "more_body": True})
             await self._relay(send)
         except asyncio.CancelledError:
-            current = asyncio.current_task()
-            if not self._client_gone or current is None:
+            if not exchange.absorb_cancel():
                 raise
-            current.uncancel()  # the client went away: a normal end, not an application error
-            self._attempt.status = "cancelled"
+            self._attempt.status = "cancelled"  # the client went away: a normal end, not an error
         finally:
-            watcher.cancel()
             if self._attempt.finished_at is None:
-                self._meter.finish(self._clock())
-            self._release()
-            self._on_finish()
+                self._meter.finish(exchange.runtime.clock())
+            exchange.settle()  # closes the upstream: reused when read to its end, else cut
 
     async def _relay(self, send: Send) -> None:
-        meter, clock = self._meter, self._clock
+        meter, clock = self._meter, self._exchange.runtime.clock
         try:
             if not meter.saw_done():  # a short stream may have ended within its very first read
                 async for data in self._chunks:
@@ -233,7 +225,7 @@ class StreamRelay:
         # The client has everything once [DONE] is out (SDKs hang up then): settle and end the response
         # before waiting for the upstream to close, so that hang-up is not taken for a cancellation.
         meter.finish(clock())
-        self._response_ended = True
+        self._exchange.response_ended = True
         await send({"type": "http.response.body", "body": b"", "more_body": False})
         if meter.done:
             await self._drain()
@@ -244,12 +236,3 @@ class StreamRelay:
             async with asyncio.timeout(DRAIN_TIMEOUT_S):
                 async for _ in self._chunks:
                     pass
-
-    async def _watch_disconnect(self, receive: Receive, relay_task: asyncio.Task[Any] | None) -> None:
-        while True:
-            message = await receive()
-            if message["type"] == "http.disconnect":
-                if relay_task is not None and not relay_task.done() and not self._response_ended:
-                    self._client_gone = True
-                    relay_task.cancel()
-                return

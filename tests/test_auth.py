@@ -44,8 +44,11 @@ def chat(gateway: Gateway, model: str = "vllm-only", **headers: str) -> httpx.Re
 
 
 def upstream_count(upstreams: Upstreams) -> int:
+    """Completion requests the emulators received (their load-signal scrapes are recorded too)."""
     return sum(
-        len(httpx.get(server.url + "/emulator/requests").json()) for server in upstreams.all().values()
+        entry["path"].endswith("completions")
+        for server in upstreams.all().values()
+        for entry in httpx.get(server.url + "/emulator/requests").json()
     )
 
 

@@ -8,11 +8,8 @@ from starlette.routing import Route
 from starlette.types import Receive, Scope, Send
 
 from gateway.api.admin import runtime_of
-from gateway.api.responses import error_response, internal_error_response, json_response, log
-from gateway.errors import GatewayError
-from gateway.proxy import Endpoint, complete
-from gateway.runtime import Runtime
-from gateway.streaming import StreamRelay
+from gateway.api.responses import json_response
+from gateway.proxy import Endpoint, serve
 
 # The paths ``GatewayApp`` serves without Starlette's router (the Routes below stay for the rest).
 HOT_PATHS: dict[str, Endpoint] = {
@@ -23,33 +20,21 @@ HOT_PATHS: dict[str, Endpoint] = {
 }
 
 
-async def serve_completion(
-    runtime: Runtime, endpoint: Endpoint, scope: Scope, receive: Receive, send: Send
-) -> None:
-    """One completion request as a bare ASGI call; errors become OpenAI-format bodies here, as the
-    exception handlers do for routed requests."""
-    try:
-        response: Response | StreamRelay = await complete(runtime, Request(scope, receive), endpoint)
-    except GatewayError as exc:
-        runtime.error_returned(exc)
-        response = error_response(exc)
-    except Exception:
-        log.exception("unhandled error on POST %s", scope["path"])
-        response = internal_error_response()
-    await response(scope, receive, send)
+class CompletionEndpoint:
+    """The same request path as an ASGI endpoint of Starlette's router (which only sees completion
+    requests that ``GatewayApp`` did not take first)."""
 
+    def __init__(self, endpoint: Endpoint) -> None:
+        self.endpoint = endpoint
 
-async def chat_completions(request: Request) -> Response | StreamRelay:
-    return await complete(runtime_of(request), request, "chat")
-
-
-async def completions(request: Request) -> Response | StreamRelay:
-    return await complete(runtime_of(request), request, "completions")
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        await serve(scope["app"].state.runtime, self.endpoint, scope, receive, send)
 
 
 async def models(request: Request) -> Response:
-    policy = runtime_of(request).policy
-    key = runtime_of(request).authenticate(request.headers)
+    runtime = runtime_of(request)
+    policy = runtime.policy
+    key = runtime.authenticate(policy, request.headers)
     data = [
         {"id": name, "object": "model", "created": 0, "owned_by": "gateway", "description": route.description}
         for name, route in policy.routes.items()
@@ -59,11 +44,11 @@ async def models(request: Request) -> Response:
 
 
 routes = [
-    Route("/v1/chat/completions", chat_completions, methods=["POST"]),
-    Route("/v1/completions", completions, methods=["POST"]),
+    Route("/v1/chat/completions", CompletionEndpoint("chat"), methods=["POST"]),
+    Route("/v1/completions", CompletionEndpoint("completions"), methods=["POST"]),
     Route("/v1/models", models, methods=["GET"]),
     # Some clients are configured without the /v1 prefix.
-    Route("/chat/completions", chat_completions, methods=["POST"]),
-    Route("/completions", completions, methods=["POST"]),
+    Route("/chat/completions", CompletionEndpoint("chat"), methods=["POST"]),
+    Route("/completions", CompletionEndpoint("completions"), methods=["POST"]),
     Route("/models", models, methods=["GET"]),
 ]

@@ -1,8 +1,9 @@
-"""The adapter for OpenAI-compatible upstreams (vLLM, llama.cpp server, paid APIs): aiohttp on the hot path.
+"""The client for OpenAI-compatible upstreams (vLLM, SGLang, llama.cpp server, paid APIs): aiohttp.
 
-It owns the pooled aiohttp session and is the one place aiohttp exceptions exist: every failure
-leaves here as ``AttemptFailure``. Dialect differences that matter for measuring (usage shapes,
-reasoning field names) are read in ``gateway.dialect``.
+It owns the pooled aiohttp session and is the one place aiohttp objects and exceptions exist: every
+failure leaves here as ``AttemptFailure``, every answer as an ``OpenAICompatUpstream`` handle.
+Dialect differences that matter for measuring (usage shapes, reasoning fields) are read in
+``gateway.dialect``.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from typing import Any
 import aiohttp
 import orjson
 
+from gateway.backends.base import Fetched, UpstreamCall
 from gateway.errors import AttemptFailure, UpstreamClientError
 from gateway.policy.compiled import CompiledBackend
 
@@ -21,6 +23,58 @@ from gateway.policy.compiled import CompiledBackend
 Prepared = tuple[dict[str, str], aiohttp.ClientTimeout, aiohttp.ClientTimeout]
 # Statuses that mean "this request is wrong", not "this backend is wrong": passed on, never retried.
 CLIENT_FAULT_STATUSES = frozenset({400, 413, 422})
+
+
+class OpenAICompatUpstream:
+    """One answer in flight on a pooled connection."""
+
+    __slots__ = ("_backend", "_closed", "_response")
+
+    def __init__(self, backend: CompiledBackend, response: aiohttp.ClientResponse) -> None:
+        self._backend = backend
+        self._response = response
+        self._closed = False
+
+    async def chunks(self) -> AsyncIterator[bytes]:
+        """Bytes as the network delivers them; the socket's read timeout bounds each wait."""
+        content = self._response.content
+        try:
+            while True:
+                data = await content.readany()
+                if not data:
+                    return
+                yield data
+        except TimeoutError as exc:  # aiohttp's ServerTimeoutError is one
+            raise AttemptFailure("timeout", f"{self._backend.name}: stream went silent") from exc
+        except (aiohttp.ClientError, OSError) as exc:
+            raise AttemptFailure("dropped", f"{self._backend.name}: stream broke off") from exc
+
+    async def read(self, timeout_s: float) -> bytes:
+        try:
+            async with asyncio.timeout(timeout_s):
+                return await self._response.read()
+        except TimeoutError as exc:
+            raise AttemptFailure("timeout", f"{self._backend.name}: response body timed out") from exc
+        except (aiohttp.ClientError, OSError) as exc:
+            raise AttemptFailure("dropped", f"{self._backend.name}: connection lost while reading") from exc
+
+    def expect_chunks_within(self, idle_s: float) -> None:
+        """aiohttp re-arms its read timer on every packet anyway; setting it here costs nothing per
+        chunk, where an ``asyncio.timeout`` around each read would cost a timer and a context."""
+        connection = self._response.connection
+        if connection is not None and connection.protocol is not None:
+            connection.protocol.read_timeout = idle_s
+            connection.protocol.start_timeout()  # re-arm now: the running timer was for the first byte
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        response = self._response
+        if response.content.is_eof():
+            response.release()  # read to its end: the connection goes back to the pool
+        else:
+            response.close()  # cut: the upstream sees its client leave and frees the slot
 
 
 class OpenAICompatClient:
@@ -39,32 +93,41 @@ class OpenAICompatClient:
     async def close(self) -> None:
         await self._session.close()
 
-    async def open(
-        self, backend: CompiledBackend, path: str, body: bytes, *, wait_s: float, stream: bool
-    ) -> aiohttp.ClientResponse:
-        """POST ``body`` to ``backend`` and return the response once headers arrived with status 200.
+    async def open(self, call: UpstreamCall) -> OpenAICompatUpstream:
+        """POST the call and return once its headers arrived with status 200.
 
-        ``wait_s`` bounds the wait for the headers: a stream's come with its first token at the
-        latest, a whole answer's only when it is complete. Within a stream the socket may then stay
-        silent up to the backend's ``first_byte_s`` until the relay tightens that to ``idle_s`` with
-        ``expect_chunks_within``.
+        Within a stream the socket may then stay silent up to the backend's ``first_byte_s`` until
+        the relay tightens that to ``idle_s`` with ``expect_chunks_within``.
         """
+        backend = call.backend
         headers, stream_timeout, whole_timeout = self._prepared(backend)
-        timeout = stream_timeout if stream else whole_timeout
+        timeout = stream_timeout if call.stream else whole_timeout
         try:
-            async with asyncio.timeout(wait_s):
+            async with asyncio.timeout(call.wait_s):
                 response = await self._session.post(
-                    backend.base_url + path, data=body, headers=headers, timeout=timeout
+                    backend.base_url + call.path, data=call.body, headers=headers, timeout=timeout
                 )
         except TimeoutError as exc:
-            raise AttemptFailure("timeout", f"{backend.name}: no response in {wait_s:g}s") from exc
+            raise AttemptFailure("timeout", f"{backend.name}: no response in {call.wait_s:g}s") from exc
         except aiohttp.ClientConnectorError as exc:
             raise AttemptFailure("connect_error", f"{backend.name}: cannot connect") from exc
         except (aiohttp.ClientError, OSError) as exc:
             raise AttemptFailure("upstream_error", f"{backend.name}: {type(exc).__name__}") from exc
         if response.status != 200:
             raise await _failure_from_status(backend, response)
-        return response
+        return OpenAICompatUpstream(backend, response)
+
+    async def fetch(self, url: str, headers: dict[str, str] | None, timeout_s: float) -> Fetched:
+        try:
+            async with self._session.get(
+                url, headers=headers, timeout=aiohttp.ClientTimeout(total=timeout_s)
+            ) as response:
+                return Fetched(response.status, await response.text(errors="replace"))
+        except aiohttp.ClientConnectorError:
+            return Fetched(None, error="ConnectError: cannot connect")  # aiohttp's text names the address
+        except (TimeoutError, aiohttp.ClientError, OSError, UnicodeError) as exc:
+            # Timeouts often carry no message: the exception's name is the useful part.
+            return Fetched(None, error=f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__)
 
     def _prepared(self, backend: CompiledBackend) -> Prepared:
         """Headers and timeouts of a backend, built once per compiled backend, not once per request."""
@@ -83,60 +146,6 @@ class OpenAICompatClient:
         )
         self._prepared_for[backend.name] = (backend, prepared)
         return prepared
-
-    async def probe(self, backend: CompiledBackend, timeout_s: float = 2.0) -> str:
-        """One reachability check: "ok", "booting" (503, e.g. loading weights) or "unreachable"."""
-        url = backend.signals.health_url or backend.base_url + "/models"
-        headers = {"authorization": f"Bearer {backend.api_key}"} if backend.api_key else {}
-        try:
-            async with self._session.get(
-                url, headers=headers, timeout=aiohttp.ClientTimeout(total=timeout_s)
-            ) as r:
-                if r.status == 200:
-                    return "ok"
-                return "booting" if r.status == 503 else f"http_{r.status}"
-        except (TimeoutError, aiohttp.ClientError, OSError):
-            return "unreachable"
-
-    async def read_body(
-        self, backend: CompiledBackend, response: aiohttp.ClientResponse, timeout_s: float
-    ) -> bytes:
-        try:
-            async with asyncio.timeout(timeout_s):
-                return await response.read()
-        except TimeoutError as exc:
-            response.close()
-            raise AttemptFailure("timeout", f"{backend.name}: response body timed out") from exc
-        except (aiohttp.ClientError, OSError) as exc:
-            response.close()
-            raise AttemptFailure("dropped", f"{backend.name}: connection lost while reading") from exc
-
-
-def expect_chunks_within(response: aiohttp.ClientResponse, idle_s: float) -> None:
-    """From now on, silence longer than ``idle_s`` between chunks is a timeout.
-
-    aiohttp re-arms its read timer on every packet anyway; setting it here costs nothing per chunk,
-    where an ``asyncio.timeout`` around each read would cost a timer and a context per chunk.
-    """
-    connection = response.connection
-    if connection is not None and connection.protocol is not None:
-        connection.protocol.read_timeout = idle_s
-        connection.protocol.start_timeout()  # re-arm now: the timer running was set for the first byte
-
-
-async def iter_chunks(backend: CompiledBackend, response: aiohttp.ClientResponse) -> AsyncIterator[bytes]:
-    """Yield bytes as the network delivers them; the socket's read timeout bounds each wait."""
-    content = response.content
-    try:
-        while True:
-            data = await content.readany()
-            if not data:
-                return
-            yield data
-    except TimeoutError as exc:  # aiohttp's ServerTimeoutError is one
-        raise AttemptFailure("timeout", f"{backend.name}: stream went silent") from exc
-    except (aiohttp.ClientError, OSError) as exc:
-        raise AttemptFailure("dropped", f"{backend.name}: stream broke off") from exc
 
 
 async def _failure_from_status(backend: CompiledBackend, response: aiohttp.ClientResponse) -> AttemptFailure:

@@ -7,7 +7,7 @@ import asyncio
 import logging
 import time
 from collections import Counter, defaultdict
-from collections.abc import Callable, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import replace
 
 import pytest
@@ -16,6 +16,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, PlainTextResponse, Response
 from starlette.routing import Route
 
+from gateway.backends import Backends
 from gateway.policy.compiled import CompiledBackend
 from gateway.policy.schema import Dialect, Signals, Timeouts
 from gateway.signals import (
@@ -354,15 +355,26 @@ def server(upstream: Upstream) -> Iterator[ThreadedServer]:
 
 
 @pytest.fixture
+async def backends() -> AsyncIterator[Backends]:
+    """The process's upstream HTTP stack, as the runtime hands it to the scraper."""
+    clients = Backends()
+    yield clients
+    await clients.close()
+
+
+@pytest.fixture
 def sink() -> RecordingSink:
     return RecordingSink()
 
 
 async def test_health_goes_booting_then_healthy_then_unhealthy_when_the_server_stops(
-    upstream: Upstream, server: ThreadedServer, sink: RecordingSink
+    upstream: Upstream,
+    server: ThreadedServer,
+    sink: RecordingSink,
+    backends: Backends,
 ) -> None:
     upstream.health_status = 503
-    scraper = SignalScraper(sink)
+    scraper = SignalScraper(sink, backends.fetch)
     scraper.set_backends({"llama": make_backend("llama", server.url, slots=True)})
     await scraper.start()
     try:
@@ -388,11 +400,14 @@ async def test_health_goes_booting_then_healthy_then_unhealthy_when_the_server_s
 
 
 async def test_reload_starts_and_stops_loops_and_keeps_samples_of_unchanged_backends(
-    upstream: Upstream, server: ThreadedServer, sink: RecordingSink
+    upstream: Upstream,
+    server: ThreadedServer,
+    sink: RecordingSink,
+    backends: Backends,
 ) -> None:
     upstream.metrics = VLLM_METRICS
     a = make_backend("a", server.url, "vllm")
-    scraper = SignalScraper(sink)
+    scraper = SignalScraper(sink, backends.fetch)
     scraper.set_backends({"a": a})
     await scraper.start()
     try:
@@ -420,9 +435,11 @@ async def test_reload_starts_and_stops_loops_and_keeps_samples_of_unchanged_back
     assert not [t for t in asyncio.all_tasks() if t.get_name().startswith("signals:")]
 
 
-async def test_backend_without_signal_urls_gets_no_loop_and_counts_as_healthy(sink: RecordingSink) -> None:
+async def test_backend_without_signal_urls_gets_no_loop_and_counts_as_healthy(
+    sink: RecordingSink, backends: Backends
+) -> None:
     paid = make_backend("paid", "http://127.0.0.1:9", "openai", metrics=False, health=False)
-    scraper = SignalScraper(sink)
+    scraper = SignalScraper(sink, backends.fetch)
     scraper.set_backends({"paid": paid})
     await scraper.start()
     try:
@@ -436,10 +453,13 @@ async def test_backend_without_signal_urls_gets_no_loop_and_counts_as_healthy(si
 
 
 async def test_one_round_computes_the_rate_on_the_injected_clock_and_sends_the_key(
-    upstream: Upstream, server: ThreadedServer, sink: RecordingSink
+    upstream: Upstream,
+    server: ThreadedServer,
+    sink: RecordingSink,
+    backends: Backends,
 ) -> None:
     readings = iter([10.0, 12.0])
-    scraper = SignalScraper(sink, clock=lambda: next(readings))
+    scraper = SignalScraper(sink, backends.fetch, clock=lambda: next(readings))
     backend = make_backend("llama", server.url, slots=True, api_key="sk-local")
     try:
         await scraper.scrape_once(backend)
@@ -454,10 +474,14 @@ async def test_one_round_computes_the_rate_on_the_injected_clock_and_sends_the_k
 
 
 async def test_failed_scrapes_mark_signals_stale_log_once_and_never_raise(
-    upstream: Upstream, server: ThreadedServer, sink: RecordingSink, caplog: pytest.LogCaptureFixture
+    upstream: Upstream,
+    server: ThreadedServer,
+    sink: RecordingSink,
+    caplog: pytest.LogCaptureFixture,
+    backends: Backends,
 ) -> None:
     caplog.set_level(logging.INFO, logger="gateway.signals")
-    scraper = SignalScraper(sink)
+    scraper = SignalScraper(sink, backends.fetch)
     backend = make_backend("llama", server.url, slots=True)
     try:
         upstream.metrics_status = 500
@@ -485,11 +509,13 @@ async def test_failed_scrapes_mark_signals_stale_log_once_and_never_raise(
 
 
 async def test_unreachable_backend_is_unhealthy_and_logged_once(
-    sink: RecordingSink, caplog: pytest.LogCaptureFixture
+    sink: RecordingSink,
+    caplog: pytest.LogCaptureFixture,
+    backends: Backends,
 ) -> None:
     with threaded_server(Upstream().app()) as gone:
         base = gone.url
-    scraper = SignalScraper(sink)
+    scraper = SignalScraper(sink, backends.fetch)
     backend = make_backend("down", base, "vllm")
     try:
         for _ in range(3):
