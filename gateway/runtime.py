@@ -119,10 +119,12 @@ class Runtime:
         await self.scraper.start()
         watch = getattr(self.policy_source, "watch", None)
         subscribe = getattr(self.policy_source, "subscribe", None)
-        if subscribe is not None:
-            subscribe(lambda policy: self.scraper.set_backends(policy.backends))
-            subscribe(lambda policy: self.metrics.policy_installed(self.wall_clock()))
         loop = asyncio.get_running_loop()
+        if subscribe is not None:
+            # A reload may run in a worker thread (POST /admin/policy/reload): the scraper's loops
+            # belong to the event loop, so the change is handed over to it.
+            subscribe(lambda policy: loop.call_soon_threadsafe(self.scraper.set_backends, policy.backends))
+            subscribe(lambda policy: self.metrics.policy_installed(self.wall_clock()))
         if watch is not None:
             self._tasks.append(loop.create_task(watch(self._policy_poll_s)))
         if self.fleet is not None:
