@@ -17,7 +17,7 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import Literal, NamedTuple
 
-from gateway.costs import TOKENS_PER_MTOK
+from gateway.costs import amortized_expected_cost
 from gateway.errors import GatewayError
 from gateway.ledger import connect, spend_totals
 from gateway.observation import Observation
@@ -115,14 +115,13 @@ def caps_of(scope: Scope, name: str, limits: BudgetLimits | None) -> list[Cap]:
 
 
 def reservation_usd(evaluation: CandidateEval, backend: CompiledBackend) -> float:
-    """What the ledger will likely charge: the decision's expected cost, except that a GPU-hour pool
-    is priced amortized even where routing counts its headroom as free (marginal), because the
-    ledger, and so the budget, charges every request its share of the pool's hour."""
-    if backend.pool_price is None:
-        return evaluation.expected_cost_usd or 0.0
-    per_mtok = evaluation.usd_per_mtok_out
-    # No measured or assumed throughput: the ledger will charge nothing either ("gpu_hours_unmeasured").
-    return 0.0 if per_mtok is None else evaluation.predicted_output_tokens * per_mtok / TOKENS_PER_MTOK
+    """What to reserve for a candidate: what the ledger will likely charge (see costs)."""
+    return amortized_expected_cost(
+        backend,
+        evaluation.usd_per_mtok_out,
+        evaluation.predicted_output_tokens,
+        evaluation.expected_cost_usd or 0.0,
+    )
 
 
 class Budgets:

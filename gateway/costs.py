@@ -1,4 +1,5 @@
-"""What a request costs: per-token prices, GPU-hour pools spread over measured throughput, and the
+"""What a request costs, the one place cost arithmetic lives: per-token prices, GPU-hour pools spread
+over measured throughput, the token split of a bill (cached input, reasoning billed once), and the
 expected cost of a request before it is sent (from predicted output length, thinking included).
 """
 
@@ -11,7 +12,6 @@ from types import MappingProxyType
 from gateway.observation import Usage
 from gateway.policy.compiled import CompiledBackend
 from gateway.policy.schema import Thinking
-from gateway.stats import BackendView
 
 SECONDS_PER_HOUR = 3600.0
 TOKENS_PER_MTOK = 1e6
@@ -26,6 +26,26 @@ PRIOR_OUTPUT_TOKENS: Mapping[Thinking, float] = MappingProxyType(
 class Cost:
     usd: float
     basis: str  # "per_token", "gpu_hours_amortized" or "gpu_hours_unmeasured"
+
+
+def pool_usd_per_token(usd_per_hour: float, tokens_per_s: float) -> float:
+    """The GPU-hour formula: a pool's hourly price spread over the output tokens it makes in an hour."""
+    return usd_per_hour / (tokens_per_s * SECONDS_PER_HOUR)
+
+
+def per_mtok(usd_per_token: float) -> float:
+    """USD per token as people quote it: per 1M tokens."""
+    return usd_per_token * TOKENS_PER_MTOK
+
+
+def per_token(usd_per_mtok: float) -> float:
+    """A price quoted per 1M tokens, per token."""
+    return usd_per_mtok / TOKENS_PER_MTOK
+
+
+def usd_per_mtok_of(cost_usd: float, tokens: int) -> float | None:
+    """What a spend came to per 1M tokens, None when no token was made."""
+    return cost_usd / tokens * TOKENS_PER_MTOK if tokens else None
 
 
 def pool_tokens_per_s(backend: CompiledBackend, aggregate_tokens_per_s: float | None) -> float | None:
@@ -60,19 +80,19 @@ def attempt_cost(backend: CompiledBackend, usage: Usage, aggregate_tokens_per_s:
         # Nothing measured and nothing assumed: the ledger's idle remainder will hold this spend.
         return Cost(0.0, "gpu_hours_unmeasured")
     return Cost(
-        pool.usd_per_hour / SECONDS_PER_HOUR * usage.completion_tokens / tokens_per_s, "gpu_hours_amortized"
+        usage.completion_tokens * pool_usd_per_token(pool.usd_per_hour, tokens_per_s), "gpu_hours_amortized"
     )
 
 
 def effective_usd_per_mtok(backend: CompiledBackend, aggregate_tokens_per_s: float | None) -> float | None:
     """USD per 1M output tokens: the list price, or a pool's hourly price over its live throughput."""
     if backend.token_prices is not None:
-        return backend.token_prices.output * TOKENS_PER_MTOK
+        return per_mtok(backend.token_prices.output)
     pool = backend.pool_price
     tokens_per_s = pool_tokens_per_s(backend, aggregate_tokens_per_s)
     if pool is None or tokens_per_s is None:
         return None
-    return pool.usd_per_hour / (tokens_per_s * SECONDS_PER_HOUR) * TOKENS_PER_MTOK
+    return per_mtok(pool_usd_per_token(pool.usd_per_hour, tokens_per_s))
 
 
 def predict_output_tokens(thinking: Thinking, learned: float | None, max_tokens: int | None) -> float:
@@ -82,25 +102,43 @@ def predict_output_tokens(thinking: Thinking, learned: float | None, max_tokens:
     return min(predicted, float(max_tokens)) if max_tokens is not None else predicted
 
 
-def expected_cost(
-    backend: CompiledBackend,
-    view: BackendView,
-    prompt_tokens: int,
-    predicted_output_tokens: float,
-    marginal_headroom: bool,
-) -> float | None:
-    """Expected USD of sending a request to ``backend`` now; None when it cannot be known yet.
+CostRates = tuple[float, float | None]  # USD per prompt token, per output token (None: unknown yet)
 
-    With marginal accounting a pool that has SLO-safe headroom costs nothing more: its hour is paid.
-    """
+
+def cost_rates(
+    backend: CompiledBackend, usd_per_mtok_out: float | None, marginal_headroom: bool
+) -> CostRates:
+    """What sending a request to ``backend`` now costs per prompt token and per output token, given its
+    effective output price (``effective_usd_per_mtok``). With marginal accounting a pool that has
+    SLO-safe headroom costs nothing more: its hour is paid for."""
     prices = backend.token_prices
     if prices is not None:
         # The split between reasoning and answer is unknown before sending: price it all as output.
-        return prompt_tokens * prices.input + predicted_output_tokens * prices.output
+        return prices.input, prices.output
     pool = backend.pool_price
-    if pool is None:
+    if pool is not None and pool.accounting == "marginal" and marginal_headroom:
+        return 0.0, 0.0
+    return 0.0, None if usd_per_mtok_out is None else per_token(usd_per_mtok_out)
+
+
+def expected_cost(rates: CostRates, prompt_tokens: int, predicted_output_tokens: float) -> float | None:
+    """Expected USD of a request at ``rates``; None when it cannot be known yet."""
+    per_prompt, per_output = rates
+    if per_output is None:
         return None
-    if pool.accounting == "marginal" and marginal_headroom:
-        return 0.0
-    per_mtok = effective_usd_per_mtok(backend, view.aggregate_tokens_per_s)
-    return None if per_mtok is None else predicted_output_tokens * per_mtok / TOKENS_PER_MTOK
+    return prompt_tokens * per_prompt + predicted_output_tokens * per_output
+
+
+def amortized_expected_cost(
+    backend: CompiledBackend,
+    usd_per_mtok_out: float | None,
+    predicted_output_tokens: float,
+    routing_usd: float,
+) -> float:
+    """What the ledger will likely charge: the routing estimate, except that a GPU-hour pool is priced
+    amortized even where routing counts its headroom as free (marginal), because the ledger charges
+    every request its share of the pool's hour. Budgets reserve this."""
+    if backend.pool_price is None:
+        return routing_usd
+    # No measured or assumed throughput: the ledger will charge nothing either ("gpu_hours_unmeasured").
+    return 0.0 if usd_per_mtok_out is None else predicted_output_tokens * per_token(usd_per_mtok_out)

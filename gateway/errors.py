@@ -8,8 +8,8 @@
     └── UpstreamError                  502 upstream_error      (every attempt failed before a byte was sent)
         └── UpstreamTimeout            504
 
-Foreign exceptions (aiohttp, asyncio timeouts) are translated once, in the backend adapter, into
-``AttemptFailure``; the request path turns the last failure into an ``UpstreamError`` for the client.
+Foreign exceptions (the HTTP client library's, asyncio timeouts) are translated once, in the backend
+client, into ``AttemptFailure``; the request path turns the last failure into an ``UpstreamError``.
 Messages never carry backend URLs or credentials: they name backends by their policy name only.
 """
 

@@ -21,7 +21,7 @@ from typing import Any
 import orjson
 
 from gateway.budgets import period_bounds, period_id
-from gateway.costs import SECONDS_PER_HOUR, TOKENS_PER_MTOK
+from gateway.costs import SECONDS_PER_HOUR, usd_per_mtok_of
 from gateway.ledger import SpendTotal, connect, earliest_time, spend_buckets, spend_totals
 from gateway.policy.load import PolicyError, load_policy
 
@@ -177,7 +177,7 @@ def idle_rows(conn: sqlite3.Connection, policy_path: str, since: float, now: flo
 def report_dicts(report: Report) -> list[dict[str, Any]]:
     out = []
     for row in report.rows:
-        per_mtok = row.cost_usd / row.completion_tokens * TOKENS_PER_MTOK if row.completion_tokens else None
+        per_mtok = usd_per_mtok_of(row.cost_usd, row.completion_tokens)
         out.append(
             {
                 report.by: row.key if row.key is not None else "(none)",

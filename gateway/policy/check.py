@@ -8,11 +8,10 @@ from __future__ import annotations
 import sys
 from typing import TextIO
 
+from gateway.costs import per_mtok, pool_usd_per_token
 from gateway.policy.compiled import CompiledBackend, CompiledPolicy, CompiledRoute
 from gateway.policy.load import PolicyError, PolicyFileUnreadable, load_policy
 from gateway.policy.schema import Slo
-
-PER_MTOK = 1e6
 
 
 def check_main(path: str, out: TextIO = sys.stdout) -> int:
@@ -72,18 +71,18 @@ def describe_price(backend: CompiledBackend) -> str:
         pool = backend.pool_price
         text = f"${pool.usd_per_hour:,.2f}/h gpu_hours {pool.accounting}"
         if pool.assumed_tokens_per_s is not None:
-            per_mtok = pool.usd_per_hour / (pool.assumed_tokens_per_s * 3600) * PER_MTOK
-            text += f" (~{usd(per_mtok)}/1M out at {pool.assumed_tokens_per_s:g} tok/s until measured)"
+            price = per_mtok(pool_usd_per_token(pool.usd_per_hour, pool.assumed_tokens_per_s))
+            text += f" (~{usd(price)}/1M out at {pool.assumed_tokens_per_s:g} tok/s until measured)"
         return text
     prices = backend.token_prices
     if prices is None:
         return "no price"
-    parts = [f"{usd(prices.input * PER_MTOK)}/1M in"]
+    parts = [f"{usd(per_mtok(prices.input))}/1M in"]
     if prices.cached_input != prices.input:
-        parts.append(f"{usd(prices.cached_input * PER_MTOK)}/1M cached in")
-    parts.append(f"{usd(prices.output * PER_MTOK)}/1M out")
+        parts.append(f"{usd(per_mtok(prices.cached_input))}/1M cached in")
+    parts.append(f"{usd(per_mtok(prices.output))}/1M out")
     thinking = "thinking billed as output" if prices.reasoning == prices.output else None
-    parts.append(thinking or f"{usd(prices.reasoning * PER_MTOK)}/1M thinking")
+    parts.append(thinking or f"{usd(per_mtok(prices.reasoning))}/1M thinking")
     return f"{backend.price_source or 'per_token'}: " + ", ".join(parts)
 
 

@@ -12,6 +12,7 @@ from collections.abc import Callable, Mapping
 from types import MappingProxyType
 from typing import Literal
 
+from gateway.costs import expected_cost
 from gateway.policy.compiled import CompiledBackend, CompiledPolicy, CompiledRoute
 from gateway.policy.evaluate import (
     CandidateEval,
@@ -146,12 +147,8 @@ def decide(
         predicted = standing.default_output_tokens
         if max_tokens is not None and predicted > max_tokens:
             predicted = float(max_tokens)
-        per_output = standing.usd_per_output_token
-        cost = (
-            math.inf
-            if per_output is None
-            else prompt * standing.usd_per_prompt_token + predicted * per_output
-        )
+        expected = expected_cost(standing.rates, prompt, predicted)
+        cost = math.inf if expected is None else expected
         costs.append(cost)
         window = backend.context_window
         if standing.blocked_by or (window is not None and prompt > window):

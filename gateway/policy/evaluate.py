@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import NamedTuple
 
-from gateway.costs import TOKENS_PER_MTOK, effective_usd_per_mtok, expected_cost, predict_output_tokens
+from gateway.costs import CostRates, cost_rates, effective_usd_per_mtok, expected_cost, predict_output_tokens
 from gateway.policy.compiled import CompiledBackend
 from gateway.policy.schema import Slo
 from gateway.stats import BackendView
@@ -99,9 +99,7 @@ class Standing(NamedTuple):
     last_sample_at: float | None
     learned_output_tokens: float | None
     default_output_tokens: float  # learned, else the prior for this kind of model; before max_tokens
-    # Expected cost = prompt tokens x the first + output tokens x the second (None: unknown yet).
-    usd_per_prompt_token: float
-    usd_per_output_token: float | None
+    rates: CostRates  # USD per prompt token and per output token at this standing
 
 
 def evaluate(req: RequestFeatures, backend: CompiledBackend, view: BackendView, slo: Slo) -> CandidateEval:
@@ -124,7 +122,6 @@ def standing_of(backend: CompiledBackend, view: BackendView, slo: Slo, route: st
     headroom = not blocked_by and feasible and queued_ahead == 0
     usd_per_mtok = effective_usd_per_mtok(backend, view.aggregate_tokens_per_s)
     learned = view.completion_tokens_by_route.get(route)
-    per_prompt, per_output = _cost_rates(backend, usd_per_mtok, headroom)
     return Standing(
         blocked_by,
         view.samples > 0,
@@ -142,23 +139,8 @@ def standing_of(backend: CompiledBackend, view: BackendView, slo: Slo, route: st
         view.last_sample_at,
         learned,
         predict_output_tokens(backend.thinking, learned, None),
-        per_prompt,
-        per_output,
+        cost_rates(backend, usd_per_mtok, headroom),
     )
-
-
-def _cost_rates(
-    backend: CompiledBackend, usd_per_mtok: float | None, headroom: bool
-) -> tuple[float, float | None]:
-    """``costs.expected_cost`` as two rates: USD per prompt token and per output token."""
-    prices = backend.token_prices
-    if prices is not None:
-        # The split between reasoning and answer is unknown before sending: price it all as output.
-        return prices.input, prices.output
-    pool = backend.pool_price
-    if pool is not None and pool.accounting == "marginal" and headroom:
-        return 0.0, 0.0  # the hour is paid for: one more request within headroom costs nothing more
-    return 0.0, None if usd_per_mtok is None else usd_per_mtok / TOKENS_PER_MTOK
 
 
 def evaluation(
@@ -167,6 +149,11 @@ def evaluation(
     blocked_by = standing.blocked_by + _too_long(req, backend)
     headroom = standing.marginal_headroom and not blocked_by
     predicted_output = predict_output_tokens(backend.thinking, standing.learned_output_tokens, req.max_tokens)
+    rates = (
+        standing.rates
+        if headroom == standing.marginal_headroom
+        else cost_rates(backend, standing.usd_per_mtok_out, headroom)
+    )
     return CandidateEval(
         backend.name,
         not blocked_by,
@@ -177,7 +164,7 @@ def evaluation(
         standing.decode_tokens_per_s,
         standing.queue_wait_s,
         standing.usd_per_mtok_out,
-        expected_cost(backend, view, req.prompt_tokens, predicted_output, headroom),
+        expected_cost(rates, req.prompt_tokens, predicted_output),
         predicted_output,
         headroom,
         standing.meets_ttft,

@@ -18,6 +18,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from gateway.auth import ApiKey
+from gateway.costs import per_token, pool_usd_per_token
 from gateway.policy import schema
 from gateway.policy.compiled import CompiledBackend, CompiledPolicy, CompiledRoute, PoolPrice, TokenPrices
 from gateway.policy.document import (
@@ -33,7 +34,6 @@ from gateway.policy.document import (
 __all__ = ["PolicyError", "PolicyFileUnreadable", "Problem", "compile_policy_bytes", "load_policy"]
 
 Env = Mapping[str, str] | None  # where api_key_env is looked up; None means os.environ
-PER_MTOK = 1e6
 PROBE_TOKENS = 1_000_000
 
 
@@ -168,10 +168,10 @@ def _prices(pricing: schema.Pricing) -> tuple[TokenPrices | None, PoolPrice | No
         cached = p.input_usd_per_mtok if p.cached_input_usd_per_mtok is None else p.cached_input_usd_per_mtok
         reasoning = p.output_usd_per_mtok if p.reasoning_usd_per_mtok is None else p.reasoning_usd_per_mtok
         prices = TokenPrices(
-            input=p.input_usd_per_mtok / PER_MTOK,
-            cached_input=cached / PER_MTOK,
-            output=p.output_usd_per_mtok / PER_MTOK,
-            reasoning=reasoning / PER_MTOK,
+            input=per_token(p.input_usd_per_mtok),
+            cached_input=per_token(cached),
+            output=per_token(p.output_usd_per_mtok),
+            reasoning=per_token(reasoning),
         )
         return prices, None, "per_token"
     if pricing.litellm is not None:
@@ -218,7 +218,7 @@ def _probe_cost(tokens: TokenPrices | None, pool: PoolPrice | None) -> None:
         if not math.isfinite(cost):
             raise _BackendProblem(("pricing",), "price too large to compute a request's cost")
     if pool is not None and pool.assumed_tokens_per_s is not None:
-        cost = PROBE_TOKENS * pool.usd_per_hour / (3600 * pool.assumed_tokens_per_s)
+        cost = PROBE_TOKENS * pool_usd_per_token(pool.usd_per_hour, pool.assumed_tokens_per_s)
         if not math.isfinite(cost):
             loc = ("pricing", "gpu_hours", "assumed_tokens_per_s")
             raise _BackendProblem(loc, "too small to compute a cost per token from")

@@ -4,8 +4,15 @@ from __future__ import annotations
 
 import pytest
 
-from gateway.costs import attempt_cost, effective_usd_per_mtok, expected_cost, predict_output_tokens
+from gateway.costs import (
+    attempt_cost,
+    cost_rates,
+    effective_usd_per_mtok,
+    expected_cost,
+    predict_output_tokens,
+)
 from gateway.observation import Usage
+from gateway.policy.compiled import CompiledBackend
 from gateway.stats import BackendView, LiveStats
 from tests.unit.factories import FakeClock, api_backend, pool_backend, serve
 
@@ -79,20 +86,27 @@ def test_gpu_hours_attempt_pays_its_time_share_of_the_pool() -> None:
     assert shared.usd == pytest.approx(cost.usd / 4)
 
 
+def expected(
+    backend: CompiledBackend, view: BackendView, prompt: int, output: float, headroom: bool
+) -> float | None:
+    usd_per_mtok = effective_usd_per_mtok(backend, view.aggregate_tokens_per_s)
+    return expected_cost(cost_rates(backend, usd_per_mtok, headroom), prompt, output)
+
+
 def test_marginal_pool_costs_nothing_with_headroom_and_its_amortized_share_beyond() -> None:
     pool = pool_backend(accounting="marginal")
     view = BackendView("b300", samples=10, decode_tokens_per_s=92.0, aggregate_tokens_per_s=92.0)
-    assert expected_cost(pool, view, 100, 1000.0, marginal_headroom=True) == 0.0
-    beyond = expected_cost(pool, view, 100, 1000.0, marginal_headroom=False)
+    assert expected(pool, view, 100, 1000.0, True) == 0.0
+    beyond = expected(pool, view, 100, 1000.0, False)
     assert beyond == pytest.approx(1000 * 190e-6, rel=0.05)
     amortized = pool_backend(accounting="amortized")
-    assert expected_cost(amortized, view, 100, 1000.0, marginal_headroom=True) == pytest.approx(beyond)
+    assert expected(amortized, view, 100, 1000.0, True) == pytest.approx(beyond)
 
 
 def test_expected_cost_of_a_per_token_backend_counts_prompt_and_predicted_output() -> None:
     api = api_backend(input_per_mtok=1.0, output_per_mtok=15.0)
     view = BackendView("api")
-    assert expected_cost(api, view, 2000, 1000.0, marginal_headroom=True) == pytest.approx(0.002 + 0.015)
+    assert expected(api, view, 2000, 1000.0, True) == pytest.approx(0.002 + 0.015)
 
 
 def test_output_prediction_prior_learned_and_bounded_by_max_tokens() -> None:
