@@ -17,6 +17,7 @@ SECONDS_PER_HOUR = 3600.0
 TOKENS_PER_MTOK = 1e6
 
 # Output tokens expected before any history: a mandatory-thinking model reasons at length first.
+# The policy's ``tuning.prior_output_tokens`` sets each backend's own; these are its defaults.
 PRIOR_OUTPUT_TOKENS: Mapping[Thinking, float] = MappingProxyType(
     {"mandatory": 1000.0, "optional": 400.0, "none": 400.0}
 )
@@ -95,10 +96,16 @@ def effective_usd_per_mtok(backend: CompiledBackend, aggregate_tokens_per_s: flo
     return per_mtok(pool_usd_per_token(pool.usd_per_hour, tokens_per_s))
 
 
-def predict_output_tokens(thinking: Thinking, learned: float | None, max_tokens: int | None) -> float:
-    """Completion tokens to expect: the learned mean for this route and backend, else a prior,
+def prior_output_tokens(backend: CompiledBackend) -> float:
+    """Completion tokens to expect from ``backend`` before any has been measured."""
+    prior = backend.prior_output_tokens
+    return PRIOR_OUTPUT_TOKENS[backend.thinking] if prior is None else prior
+
+
+def predict_output_tokens(prior: float, learned: float | None, max_tokens: int | None) -> float:
+    """Completion tokens to expect: the learned mean for this route and backend, else the prior,
     never more than the request allows."""
-    predicted = learned if learned is not None else PRIOR_OUTPUT_TOKENS[thinking]
+    predicted = learned if learned is not None else prior
     return min(predicted, float(max_tokens)) if max_tokens is not None else predicted
 
 

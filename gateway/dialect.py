@@ -15,7 +15,7 @@ import orjson
 from gateway.observation import Usage
 
 REASONING_FIELDS = ("reasoning", "reasoning_content")
-CHARS_PER_TOKEN = 4  # the usual rough ratio for English text; only used when nobody counted
+CHARS_PER_TOKEN = 4.0  # the usual rough ratio for English text (the policy's tuning.chars_per_token)
 
 
 def usage_from(obj: Any, reasoning_chunks: int = 0) -> Usage | None:
@@ -44,43 +44,49 @@ def usage_from(obj: Any, reasoning_chunks: int = 0) -> Usage | None:
     )
 
 
-def read_completion(raw: bytes, prompt_chars: int) -> tuple[Usage, float | None]:
+def read_completion(
+    raw: bytes, prompt_tokens: int, chars_per_token: float = CHARS_PER_TOKEN
+) -> tuple[Usage, float | None]:
     """Usage of a non-streamed response, and its decode seconds when the upstream reports them
-    (llama.cpp's ``timings.predicted_ms``); counted from the text when no usage came back."""
+    (llama.cpp's ``timings.predicted_ms``); counted from the text when no usage came back
+    (``prompt_tokens`` is then the gateway's own estimate)."""
     try:
         parsed = orjson.loads(raw)
     except orjson.JSONDecodeError:
         parsed = None
     if not isinstance(parsed, dict):
-        return counted_usage(prompt_chars, 0, 0), None
+        return counted_usage(prompt_tokens, 0, 0), None
     choices = parsed.get("choices")
     answer = reasoning = 0
     for choice in choices if isinstance(choices, list) else []:
         if isinstance(choice, dict):
             a, r = message_text_chars(choice.get("message", choice))
             answer, reasoning = answer + a, reasoning + r
-    usage = usage_from(parsed.get("usage"), estimate_tokens(reasoning))
+    reasoning_tokens = estimate_tokens(reasoning, chars_per_token)
+    usage = usage_from(parsed.get("usage"), reasoning_tokens)
     if usage is None:
-        usage = counted_usage(prompt_chars, estimate_tokens(answer + reasoning), estimate_tokens(reasoning))
+        usage = counted_usage(
+            prompt_tokens, estimate_tokens(answer + reasoning, chars_per_token), reasoning_tokens
+        )
     timings = parsed.get("timings")
     predicted_ms = timings.get("predicted_ms") if isinstance(timings, dict) else None
     decode_s = predicted_ms / 1000 if isinstance(predicted_ms, (int, float)) and predicted_ms >= 0 else None
     return usage, decode_s
 
 
-def counted_usage(prompt_chars: int, completion_chunks: int, reasoning_chunks: int) -> Usage:
+def counted_usage(prompt_tokens: int, completion_chunks: int, reasoning_chunks: int) -> Usage:
     """Usage the gateway estimates when the upstream reported none: one token per streamed text chunk
-    (vLLM and llama.cpp stream one token a frame) and a characters-per-token guess for the prompt."""
+    (vLLM and llama.cpp stream one token a frame) and its characters-per-token guess for the prompt."""
     return Usage(
-        prompt_tokens=estimate_tokens(prompt_chars),
+        prompt_tokens=prompt_tokens,
         completion_tokens=completion_chunks,
         reasoning_tokens=reasoning_chunks,
         source="counted",
     )
 
 
-def estimate_tokens(chars: int) -> int:
-    return math.ceil(chars / CHARS_PER_TOKEN) if chars > 0 else 0
+def estimate_tokens(chars: int, chars_per_token: float = CHARS_PER_TOKEN) -> int:
+    return math.ceil(chars / chars_per_token) if chars > 0 else 0
 
 
 def prompt_chars(payload: dict[str, Any]) -> int:

@@ -37,6 +37,7 @@ class ClientRequest:
     stream: bool
     wants_usage: bool
     prompt_chars: int
+    prompt_tokens: int  # estimated from its characters, before any upstream counted them
     max_tokens: int | None
 
 

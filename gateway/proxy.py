@@ -91,7 +91,7 @@ async def answer(exchange: Exchange, request: Request, receive: Receive) -> Resp
         api_key_name=None if exchange.key is None else exchange.key.name,
     )
     decision = exchange.decision = runtime.decide(
-        policy, client.route, estimate_tokens(client.prompt_chars), client.max_tokens, client.stream
+        policy, client.route, client.prompt_tokens, client.max_tokens, client.stream
     )
     observation.decision_reason = decision.reason
     observation.expected_cost_usd = decision.expected_cost_usd
@@ -142,7 +142,7 @@ async def open_stream(exchange: Exchange, attempt: Attempt, call: UpstreamCall) 
     upstream = await exchange.open(call)
     client, clock = exchange.client, exchange.runtime.clock
     assert client is not None
-    meter = StreamMeter(attempt, client_wants_usage=client.wants_usage, prompt_chars=client.prompt_chars)
+    meter = StreamMeter(attempt, client_wants_usage=client.wants_usage, prompt_tokens=client.prompt_tokens)
     chunks = upstream.chunks()
     first = b""
     try:
@@ -170,7 +170,9 @@ async def complete_once(exchange: Exchange, attempt: Attempt, call: UpstreamCall
         max(exchange.started_at + client.route.fallback.deadline_s - runtime.clock(), 1.0)
     )
     attempt.finished_at = runtime.clock()
-    attempt.usage, decode_s = read_completion(raw, client.prompt_chars)
+    attempt.usage, decode_s = read_completion(
+        raw, client.prompt_tokens, exchange.policy.tuning.chars_per_token
+    )
     duration = attempt.finished_at - attempt.started_at
     if decode_s is not None:  # llama.cpp says how long decoding took: the rest was waiting for token one
         attempt.decode_s = min(decode_s, duration)
@@ -231,12 +233,14 @@ def parse_request(body: bytes, endpoint: str, policy: CompiledPolicy) -> ClientR
         not isinstance(max_tokens, int) or isinstance(max_tokens, bool) or max_tokens < 1
     ):
         raise InvalidRequest("'max_tokens' must be a positive integer", param="max_tokens")
+    chars = prompt_chars(payload)
     return ClientRequest(
         payload=payload,
         route=route,
         stream=stream,
         wants_usage=bool(stream and options and options.get("include_usage")),
-        prompt_chars=prompt_chars(payload),
+        prompt_chars=chars,
+        prompt_tokens=estimate_tokens(chars, policy.tuning.chars_per_token),
         max_tokens=max_tokens,
     )
 

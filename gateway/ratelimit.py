@@ -7,7 +7,6 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from gateway.dialect import estimate_tokens
 from gateway.errors import GatewayError
 from gateway.observation import Observation
 from gateway.policy.compiled import CompiledPolicy
@@ -53,7 +52,7 @@ class RateLimits:
         self.store = store
 
     def charges(
-        self, observation: Observation, decision: Decision, policy: CompiledPolicy
+        self, observation: Observation, prompt_tokens: int, decision: Decision, policy: CompiledPolicy
     ) -> tuple[WindowCharge, ...]:
         """What the request takes from its key's windows; a request larger than a whole minute's
         tokens is refused here, since no wait would let it through."""
@@ -65,7 +64,7 @@ class RateLimits:
         if limit.requests_per_minute is not None:
             charges.append(WindowCharge(window_key(name, "requests"), limit.requests_per_minute, 1.0))
         if limit.tokens_per_minute is not None:
-            charges.append(self._tokens(name, limit, observation, decision))
+            charges.append(self._tokens(name, limit, observation, prompt_tokens, decision))
         return tuple(charges)
 
     def refused(self, verdict: Verdict, charges: tuple[WindowCharge, ...], key_name: str) -> RateLimited:
@@ -95,10 +94,9 @@ class RateLimits:
             self.store.settle_window(held.key, held.bucket, used - held.amount, held.held_in)
 
     def _tokens(
-        self, name: str, limit: RateLimit, observation: Observation, decision: Decision
+        self, name: str, limit: RateLimit, observation: Observation, prompt: int, decision: Decision
     ) -> WindowCharge:
         per_minute = float(limit.tokens_per_minute or 0)
-        prompt = estimate_tokens(observation.prompt_chars)
         if observation.max_tokens is not None:
             wanted = float(prompt + observation.max_tokens)
             if wanted > per_minute:

@@ -28,6 +28,7 @@ from gateway.costs import attempt_cost
 from gateway.errors import GatewayError, UpstreamClientError, UpstreamError
 from gateway.exchange import Exchange
 from gateway.fleet import Fleet
+from gateway.health import CircuitBreaker
 from gateway.ledger import Ledger, row_of
 from gateway.metrics import GatewayMetrics
 from gateway.observation import Attempt, Observation
@@ -73,7 +74,13 @@ class Runtime:
         self.clock = clock
         self.rng = rng or random.Random()
         self.backends = Backends()  # one HTTP stack for upstream traffic: completions, signals, health
-        self.stats = LiveStats(clock)
+        tuning = self.policy.tuning  # circuit and stats settings are read once, here
+        self.stats = LiveStats(
+            clock,
+            half_life_s=tuning.stats.half_life_s,
+            window=tuning.stats.window,
+            make_breaker=lambda breaker_clock: CircuitBreaker(breaker_clock, **tuning.circuit.model_dump()),
+        )
         self.scraper = SignalScraper(self.stats, self.backends.fetch, clock=clock)
         # The last requests, newest last: for /admin, the dashboard and tests.
         self.recent: deque[Observation] = deque(maxlen=256)
@@ -224,7 +231,7 @@ class Runtime:
         assert observation is not None and decision is not None and exchange.client is not None
         if not self.store.health.serving:
             raise self.store.health.unavailable()
-        charges = self.rate_limits.charges(observation, decision, policy)
+        charges = self.rate_limits.charges(observation, exchange.client.prompt_tokens, decision, policy)
         order, verdict, exchange.budget = await self.budgets.admit(
             observation, exchange.client.route, decision, policy, self.wall_clock(), charges
         )

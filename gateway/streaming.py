@@ -32,7 +32,7 @@ class StreamMeter:
     __slots__ = (
         "_attempt",
         "_client_wants_usage",
-        "_prompt_chars",
+        "_prompt_tokens",
         "_sep",
         "_tail",
         "answer_chunks",
@@ -42,10 +42,10 @@ class StreamMeter:
         "usage_obj",
     )
 
-    def __init__(self, attempt: Attempt, *, client_wants_usage: bool, prompt_chars: int) -> None:
+    def __init__(self, attempt: Attempt, *, client_wants_usage: bool, prompt_tokens: int) -> None:
         self._attempt = attempt
         self._client_wants_usage = client_wants_usage
-        self._prompt_chars = prompt_chars
+        self._prompt_tokens = prompt_tokens  # the gateway's estimate, for usage nobody reported
         self._sep = b""
         self._tail = b""
         self.answer_chunks = 0
@@ -145,7 +145,7 @@ class StreamMeter:
         attempt.token_chunks = self.answer_chunks + self.reasoning_chunks
         usage = usage_from(self.usage_obj, self.reasoning_chunks)
         if usage is None:
-            usage = counted_usage(self._prompt_chars, attempt.token_chunks, self.reasoning_chunks)
+            usage = counted_usage(self._prompt_tokens, attempt.token_chunks, self.reasoning_chunks)
         attempt.usage = usage
 
 

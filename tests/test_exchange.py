@@ -71,6 +71,7 @@ def test_a_request_completes_on_the_policy_it_started_with(gateway: Gateway, str
     assert response.headers["x-gateway-backend"] == "b300-vllm"
     if stream:
         assert response.text.rstrip().endswith("data: [DONE]")
+    eventually(lambda: len(gateway.runtime.recent) == 1, 5, "the request is settled")  # a stream, at its end
     observation = gateway.runtime.recent[-1]
     assert observation.status == "ok" and observation.backend == "b300-vllm"
     assert observation.cost_usd is not None and observation.cost_usd > 0, "priced on its own snapshot"

@@ -23,6 +23,7 @@ from gateway.policy.schema import (
     StoreSettings,
     Thinking,
     Timeouts,
+    Tuning,
     WhenInfeasible,
 )
 
@@ -63,6 +64,9 @@ class CompiledBackend:
     # Where the price came from, for people reading `gateway check` or an explanation:
     # "per_token", "gpu_hours" or "litellm:<model>" (a lookup in litellm's bundled price map).
     price_source: str = ""
+    # Completion tokens to expect before any are measured (tuning.prior_output_tokens by ``thinking``);
+    # None: the built-in prior for its thinking mode.
+    prior_output_tokens: float | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -95,3 +99,4 @@ class CompiledPolicy:
     # Per-key spending caps by key name; read at admission, so a reload applies at once.
     key_budgets: Mapping[str, Budgets] = field(default_factory=dict)
     store: StoreSettings = field(default_factory=StoreSettings)  # read once at start-up
+    tuning: Tuning = field(default_factory=Tuning)

@@ -9,7 +9,14 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import NamedTuple
 
-from gateway.costs import CostRates, cost_rates, effective_usd_per_mtok, expected_cost, predict_output_tokens
+from gateway.costs import (
+    CostRates,
+    cost_rates,
+    effective_usd_per_mtok,
+    expected_cost,
+    predict_output_tokens,
+    prior_output_tokens,
+)
 from gateway.policy.compiled import CompiledBackend
 from gateway.policy.schema import Slo
 from gateway.stats import BackendView
@@ -138,7 +145,7 @@ def standing_of(backend: CompiledBackend, view: BackendView, slo: Slo, route: st
         view.samples,
         view.last_sample_at,
         learned,
-        predict_output_tokens(backend.thinking, learned, None),
+        predict_output_tokens(prior_output_tokens(backend), learned, None),
         cost_rates(backend, usd_per_mtok, headroom),
     )
 
@@ -148,7 +155,9 @@ def evaluation(
 ) -> CandidateEval:
     blocked_by = standing.blocked_by + _too_long(req, backend)
     headroom = standing.marginal_headroom and not blocked_by
-    predicted_output = predict_output_tokens(backend.thinking, standing.learned_output_tokens, req.max_tokens)
+    predicted_output = predict_output_tokens(
+        standing.default_output_tokens, standing.learned_output_tokens, req.max_tokens
+    )
     rates = (
         standing.rates
         if headroom == standing.marginal_headroom

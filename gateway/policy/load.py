@@ -74,7 +74,7 @@ def _compile(text: str, source: str, digest: str, environ: Env) -> CompiledPolic
     env = os.environ if environ is None else environ
     for name, backend in raw.backends.items():
         try:
-            backends[name] = _compile_backend(name, backend, env)
+            backends[name] = _compile_backend(name, backend, env, raw.tuning.prior_output_tokens)
         except _BackendProblem as exc:
             problems.append(doc.problem(("backends", name, *exc.loc), exc.message))
         if backend.api_key_env is not None and name in backends and backends[name].api_key is None:
@@ -99,6 +99,7 @@ def _compile(text: str, source: str, digest: str, environ: Env) -> CompiledPolic
             {entry.name: entry.rate_limit for entry in raw.auth.keys if entry.rate_limit is not None}
         ),
         store=raw.store,
+        tuning=raw.tuning,
     )
 
 
@@ -138,7 +139,9 @@ def _unused_backend_warnings(policy: schema.PolicyFile, doc: Document) -> list[P
     return [doc.problem(("backends", n), "not used by any route") for n in policy.backends if n not in used]
 
 
-def _compile_backend(name: str, backend: schema.Backend, environ: Mapping[str, str]) -> CompiledBackend:
+def _compile_backend(
+    name: str, backend: schema.Backend, environ: Mapping[str, str], priors: schema.PriorOutputTokens
+) -> CompiledBackend:
     for field in ("metrics_url", "slots_url", "health_url"):
         url = getattr(backend.signals, field)
         if url is not None and not url.startswith(("http://", "https://")):
@@ -159,6 +162,7 @@ def _compile_backend(name: str, backend: schema.Backend, environ: Mapping[str, s
         timeouts=backend.timeouts,
         api_key=environ.get(backend.api_key_env) or None if backend.api_key_env else None,
         price_source=price_source,
+        prior_output_tokens=getattr(priors, backend.thinking),
     )
 
 

@@ -206,6 +206,54 @@ class StoreSettings(Strict):
     sync_interval_s: Annotated[float, Field(ge=0.05, le=60)] = 0.5
 
 
+class CircuitTuning(Strict):
+    """When a backend's circuit opens and how long it stays open (per backend, per replica)."""
+
+    # Consecutive failed attempts that open the circuit.
+    failure_threshold: Annotated[int, Field(ge=1, le=1000)] = 5
+    # Or: a decayed failure share above this, over at least ``min_volume`` decayed attempts.
+    failure_rate: Annotated[float, Field(gt=0, le=1)] = 0.5
+    min_volume: PositiveFloat = 10.0
+    half_life_s: PositiveFloat = 30.0  # how fast old outcomes stop counting toward that share
+    # The first cool-down before a probe; it doubles on each failed probe, up to the maximum.
+    base_cooldown_s: PositiveFloat = 1.0
+    max_cooldown_s: PositiveFloat = 30.0
+
+    @model_validator(mode="after")
+    def cooldowns_in_order(self) -> CircuitTuning:
+        if self.max_cooldown_s < self.base_cooldown_s:
+            raise ValueError("max_cooldown_s must be at least base_cooldown_s")
+        return self
+
+
+class StatsTuning(Strict):
+    """How live measurements age: each sample's weight halves every ``half_life_s``; quantiles look at
+    the last ``window`` samples per backend."""
+
+    half_life_s: PositiveFloat = 60.0
+    window: Annotated[int, Field(ge=8, le=100_000)] = 256
+
+
+class PriorOutputTokens(Strict):
+    """Completion tokens (thinking included) to expect from a backend before any has been measured,
+    by its ``thinking`` mode: a mandatory-thinking model reasons at length before it answers."""
+
+    mandatory: PositiveFloat = 1000.0
+    optional: PositiveFloat = 400.0
+    none: PositiveFloat = 400.0
+
+
+class Tuning(Strict):
+    """The numbers the gateway learns and judges with. The defaults suit most deployments; the circuit
+    and stats settings are read at start-up, the priors and ``chars_per_token`` on every request."""
+
+    circuit: CircuitTuning = CircuitTuning()
+    stats: StatsTuning = StatsTuning()
+    prior_output_tokens: PriorOutputTokens = PriorOutputTokens()
+    # Characters per token, to estimate a prompt's tokens before sending (and usage nobody reported).
+    chars_per_token: Annotated[float, Field(gt=0, le=100)] = 4.0
+
+
 class PolicyFile(Strict):
     version: Literal[1] = 1
     server: Server = Server()
@@ -214,3 +262,4 @@ class PolicyFile(Strict):
     ledger: Ledger = Ledger()
     auth: Auth = Auth()
     store: StoreSettings = StoreSettings()
+    tuning: Tuning = Tuning()

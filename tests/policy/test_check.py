@@ -111,7 +111,16 @@ def test_json_schema_describes_the_policy_file() -> None:
     schema = policy_json_schema()
     assert schema["$schema"] == "https://json-schema.org/draft/2020-12/schema"
     assert schema["title"] == "Gateway policy file"
-    assert set(schema["properties"]) == {"version", "server", "backends", "routes", "ledger", "auth", "store"}
+    assert set(schema["properties"]) == {
+        "version",
+        "server",
+        "backends",
+        "routes",
+        "ledger",
+        "auth",
+        "store",
+        "tuning",
+    }
     assert schema["additionalProperties"] is False
     assert json.loads(render_policy_json_schema()) == schema
 

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from gateway.policy.compiled import PoolPrice, TokenPrices
+from gateway.policy.compiled import CompiledPolicy, PoolPrice, TokenPrices
 from gateway.policy.load import PolicyError, compile_policy_text, load_policy
 
 POLICY = """\
@@ -208,3 +208,41 @@ def test_default_policy_is_the_three_tier_kimi_setup() -> None:
     paid = policy.backends["paid-api"].token_prices
     assert paid is not None and paid.output * 1e6 == pytest.approx(15.0)
     assert policy.backends["paid-api"].api_key == "k"
+
+
+class FixedPolicy:
+    def __init__(self, policy: CompiledPolicy) -> None:
+        self.current = policy
+
+
+def test_tuning_defaults_reach_the_compiled_policy() -> None:
+    policy = compile_policy_text(POLICY, "p.yaml", environ={})
+    assert policy.tuning.circuit.failure_threshold == 5 and policy.tuning.chars_per_token == 4.0
+    assert policy.backends["pool"].prior_output_tokens == 1000.0  # mandatory thinking
+    assert policy.backends["api"].prior_output_tokens == 400.0
+
+
+def test_tuning_overrides_reach_the_runtime_and_the_decision(tmp_path: Path) -> None:
+    from gateway.runtime import Runtime
+
+    tuning = """tuning:
+  circuit: {failure_threshold: 2, base_cooldown_s: 3, max_cooldown_s: 5}
+  stats: {half_life_s: 10, window: 32}
+  prior_output_tokens: {mandatory: 3000}
+  chars_per_token: 3
+"""
+    policy = compile_policy_text(POLICY + tuning, "p.yaml", environ={})
+    assert policy.backends["pool"].prior_output_tokens == 3000.0
+    assert policy.tuning.chars_per_token == 3.0
+    runtime = Runtime(FixedPolicy(policy), ledger_path=tmp_path / "ledger.sqlite3")
+    assert (runtime.stats.half_life_s, runtime.stats.window) == (10.0, 32)
+    assert runtime.stats.circuit("pool").cooldown_s == 3.0
+    decision = runtime.explain(policy.routes["kimi-k3"], 100, None)
+    pool = next(e for e in decision.evals if e.backend == "pool")
+    assert pool.predicted_output_tokens == 3000.0
+
+
+def test_tuning_errors_name_the_field() -> None:
+    bad = POLICY + "tuning:\n  circuit: {base_cooldown_s: 10, max_cooldown_s: 5}\n"
+    with pytest.raises(PolicyError, match=r"tuning\.circuit"):
+        compile_policy_text(bad, "p.yaml", environ={})

@@ -10,6 +10,7 @@ from gateway.costs import (
     effective_usd_per_mtok,
     expected_cost,
     predict_output_tokens,
+    prior_output_tokens,
 )
 from gateway.observation import Usage
 from gateway.policy.compiled import CompiledBackend
@@ -110,10 +111,11 @@ def test_expected_cost_of_a_per_token_backend_counts_prompt_and_predicted_output
 
 
 def test_output_prediction_prior_learned_and_bounded_by_max_tokens() -> None:
-    assert predict_output_tokens("mandatory", None, None) == 1000.0
-    assert predict_output_tokens("none", None, None) == 400.0
-    assert predict_output_tokens("mandatory", 3200.0, None) == 3200.0
-    assert predict_output_tokens("mandatory", 3200.0, 256) == 256.0
+    assert prior_output_tokens(pool_backend()) == 1000.0  # mandatory thinking, the built-in prior
+    assert predict_output_tokens(1000.0, None, None) == 1000.0
+    assert predict_output_tokens(400.0, None, None) == 400.0
+    assert predict_output_tokens(1000.0, 3200.0, None) == 3200.0
+    assert predict_output_tokens(1000.0, 3200.0, 256) == 256.0
 
 
 def test_output_length_is_learned_per_route_and_backend() -> None:
