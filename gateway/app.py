@@ -43,9 +43,9 @@ class GatewayApp:
                 await dashboard.serve_metrics_port(self.app.state.runtime, scope, receive, send)
                 return
         if scope["type"] == "http" and scope["method"] == "POST":
-            endpoint = openai.HOT_PATHS.get(scope["path"])
-            if endpoint is not None:
-                await serve(self.app.state.runtime, endpoint, scope, receive, send)
+            door = openai.HOT_PATHS.get(scope["path"])
+            if door is not None:
+                await serve(self.app.state.runtime, door, scope, receive, send)
                 return
         await self.app(scope, receive, send)
 

@@ -1,6 +1,7 @@
 """One error tree for the gateway, rendered as OpenAI-format error bodies.
 
     GatewayError                       (status, OpenAI ``type``, ``code``)
+    ├── InternalError                  500 server_error        (a bug: logged, never detailed)
     ├── InvalidRequest                 400 invalid_request_error  (malformed JSON, missing fields)
     │   ├── BodyTooLarge               413
     │   └── ModelNotFound              404 code=model_not_found (lists the known routes)
@@ -42,6 +43,15 @@ class GatewayError(Exception):
 
     def headers(self) -> dict[str, str]:
         return {}
+
+
+class InternalError(GatewayError):
+    """A bug of ours: logged where it happened; the client learns only that it happened."""
+
+    code = "internal_error"
+
+    def __init__(self) -> None:
+        super().__init__("the gateway hit an internal error; it has been logged")
 
 
 class InvalidRequest(GatewayError):

@@ -22,6 +22,7 @@ from gateway.stats import AttemptTicket
 
 if TYPE_CHECKING:
     from gateway.budgets import Reservation
+    from gateway.doors import Door
     from gateway.ratelimit import HeldTokens
     from gateway.runtime import Runtime
 
@@ -51,7 +52,7 @@ class Exchange:
         "client",
         "client_gone",
         "decision",
-        "endpoint",
+        "door",
         "key",
         "observation",
         "policy",
@@ -63,10 +64,10 @@ class Exchange:
         "tokens",
     )
 
-    def __init__(self, runtime: Runtime, endpoint: str, request_id: str) -> None:
+    def __init__(self, runtime: Runtime, door: Door, request_id: str) -> None:
         self.runtime = runtime
         self.policy: CompiledPolicy = runtime.policy  # the snapshot: the only read of the live policy
-        self.endpoint = endpoint
+        self.door = door  # the API the client speaks
         self.request_id = request_id
         self.started_at = runtime.clock()
         self.key: ApiKey | None = None

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from typing import Any, Literal
+from typing import Any
 
 import orjson
 from starlette.datastructures import Headers
@@ -16,43 +16,37 @@ from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response
 from starlette.types import Receive, Scope, Send
 
-from gateway.api.responses import error_response, internal_error_response
 from gateway.auth import authorize_route
 from gateway.backends import UpstreamCall
-from gateway.dialect import estimate_tokens, prompt_chars, read_completion
+from gateway.dialect import read_completion
+from gateway.doors import Door
 from gateway.errors import (
     AttemptFailure,
     BodyTooLarge,
     GatewayError,
-    InvalidRequest,
-    ModelNotFound,
+    InternalError,
     NoRouteAvailable,
     UpstreamError,
     UpstreamTimeout,
 )
 from gateway.exchange import ClientRequest, Exchange
 from gateway.observation import Attempt, Observation
-from gateway.policy.compiled import CompiledPolicy
 from gateway.runtime import Runtime
 from gateway.streaming import StreamMeter, StreamRelay
 
 log = logging.getLogger("gateway")
 
-Endpoint = Literal["chat", "completions"]
-UPSTREAM_PATHS: dict[str, str] = {"chat": "/chat/completions", "completions": "/completions"}
-REQUIRED_FIELD: dict[str, str] = {"chat": "messages", "completions": "prompt"}
 
-
-async def serve(runtime: Runtime, endpoint: Endpoint, scope: Scope, receive: Receive, send: Send) -> None:
-    """One completion request as a bare ASGI call; every error becomes an OpenAI-format body here."""
+async def serve(runtime: Runtime, door: Door, scope: Scope, receive: Receive, send: Send) -> None:
+    """One request through ``door`` as a bare ASGI call; every error becomes the door's error body here."""
     request = Request(scope, receive)
-    exchange = Exchange(runtime, endpoint, request_id(request.headers, runtime))
+    exchange = Exchange(runtime, door, request_id(request.headers, runtime))
     try:
         response: Response | StreamRelay = await answer(exchange, request, receive)
     except GatewayError as exc:
         runtime.error_returned(exc)
         exchange.fail(exc.code or exc.type)
-        response = error_response(exc)
+        response = door.error_response(exc)
     except ClientDisconnect:  # gone while still sending its body: nobody to answer
         exchange.settle()
         return
@@ -64,7 +58,7 @@ async def serve(runtime: Runtime, endpoint: Endpoint, scope: Scope, receive: Rec
     except Exception:
         log.exception("unhandled error on POST %s", scope["path"])
         exchange.fail("internal_error")
-        response = internal_error_response()
+        response = door.error_response(InternalError())
     if not isinstance(response, StreamRelay):
         exchange.settle()  # before the answer goes out: whoever reads spend next sees this request
     try:
@@ -78,12 +72,12 @@ async def answer(exchange: Exchange, request: Request, receive: Receive) -> Resp
     exchange.key = runtime.authenticate(policy, request.headers)
     body = await read_body(request, policy.max_body_bytes)
     exchange.watch_client(receive)
-    client = exchange.client = parse_request(body, exchange.endpoint, policy)
+    client = exchange.client = exchange.door.parse(body, policy, policy.tuning.chars_per_token)
     authorize_route(exchange.key, client.route.name)
     observation = exchange.observation = Observation(
         request_id=exchange.request_id,
         route=client.route.name,
-        endpoint=exchange.endpoint,
+        endpoint=exchange.door.name,
         stream=client.stream,
         started_at=exchange.started_at,
         prompt_chars=client.prompt_chars,
@@ -118,7 +112,7 @@ async def attempt_in_order(
             continue
         backend = exchange.policy.backends[name]
         attempt = exchange.begin_attempt(name)
-        path, body = UPSTREAM_PATHS[exchange.endpoint], upstream_body(client, backend.model)
+        path, body = exchange.door.upstream_path, upstream_body(client, backend.model)
         try:
             if client.stream:
                 wait_s = min(backend.timeouts.first_byte_s, remaining)
@@ -158,7 +152,12 @@ async def open_stream(exchange: Exchange, attempt: Attempt, call: UpstreamCall) 
         raise AttemptFailure("timeout", f"{call.backend.name}: no first token in {call.wait_s:g}s") from None
     upstream.expect_chunks_within(call.backend.timeouts.idle_s)
     headers = response_headers(exchange, "text/event-stream")
-    return StreamRelay(exchange, chunks, headers=headers, first=first, meter=meter, attempt=attempt)
+    translator = exchange.door.stream_translator(exchange)
+    if translator is not None:
+        first = translator.translate(first)
+    return StreamRelay(
+        exchange, chunks, headers=headers, first=first, meter=meter, attempt=attempt, translator=translator
+    )
 
 
 async def complete_once(exchange: Exchange, attempt: Attempt, call: UpstreamCall) -> Response:
@@ -181,7 +180,7 @@ async def complete_once(exchange: Exchange, attempt: Attempt, call: UpstreamCall
         usual_ttft = runtime.stats.view(call.backend.name).ttft_p50_s or 0.0
         attempt.decode_s = duration - usual_ttft if usual_ttft < duration else duration
     exchange.end_attempt()
-    reply = Response(raw)  # the upstream's bytes as they came; only our headers are added
+    reply = Response(exchange.door.render_answer(raw, exchange))
     reply.raw_headers = [*reply.raw_headers, *response_headers(exchange, "application/json")]
     return reply
 
@@ -198,51 +197,6 @@ async def read_body(request: Request, limit: int) -> bytes:
             raise BodyTooLarge(f"request body exceeds the limit of {limit} bytes")
         chunks.append(chunk)
     return b"".join(chunks)
-
-
-def parse_request(body: bytes, endpoint: str, policy: CompiledPolicy) -> ClientRequest:
-    if not body:
-        raise InvalidRequest("request body is empty; expected a JSON object")
-    try:
-        payload = orjson.loads(body)
-    except orjson.JSONDecodeError as exc:
-        raise InvalidRequest(f"request body is not valid JSON: {exc}") from None
-    if not isinstance(payload, dict):
-        raise InvalidRequest("request body must be a JSON object")
-    model = payload.get("model")
-    if not isinstance(model, str) or not model:
-        raise InvalidRequest("'model' is required and must be a string", param="model")
-    route = policy.routes.get(model)
-    if route is None:
-        known = ", ".join(sorted(policy.routes))
-        raise ModelNotFound(f"The model '{model[:200]}' does not exist. Known models: {known}")
-    field = REQUIRED_FIELD[endpoint]
-    value = payload.get(field)
-    if endpoint == "chat" and (not isinstance(value, list) or not value):
-        raise InvalidRequest("'messages' is required and must be a non-empty array", param="messages")
-    if endpoint == "completions" and not isinstance(value, (str, list)):
-        raise InvalidRequest("'prompt' is required and must be a string or an array", param="prompt")
-    stream = payload.get("stream", False)
-    if not isinstance(stream, bool):
-        raise InvalidRequest("'stream' must be a boolean", param="stream")
-    options = payload.get("stream_options")
-    if options is not None and not isinstance(options, dict):
-        raise InvalidRequest("'stream_options' must be an object", param="stream_options")
-    max_tokens = payload.get("max_completion_tokens", payload.get("max_tokens"))
-    if max_tokens is not None and (
-        not isinstance(max_tokens, int) or isinstance(max_tokens, bool) or max_tokens < 1
-    ):
-        raise InvalidRequest("'max_tokens' must be a positive integer", param="max_tokens")
-    chars = prompt_chars(payload)
-    return ClientRequest(
-        payload=payload,
-        route=route,
-        stream=stream,
-        wants_usage=bool(stream and options and options.get("include_usage")),
-        prompt_chars=chars,
-        prompt_tokens=estimate_tokens(chars, policy.tuning.chars_per_token),
-        max_tokens=max_tokens,
-    )
 
 
 def upstream_body(client: ClientRequest, model: str) -> bytes:

@@ -19,6 +19,7 @@ from gateway.errors import AttemptFailure, error_bytes
 from gateway.observation import Attempt
 
 if TYPE_CHECKING:
+    from gateway.doors import StreamTranslator
     from gateway.exchange import Exchange
 
 DRAIN_TIMEOUT_S = 1.0
@@ -169,7 +170,7 @@ def error_event(message: str, code: str) -> bytes:
 class StreamRelay:
     """An ASGI response that relays an open upstream stream; its end settles the exchange."""
 
-    __slots__ = ("_attempt", "_chunks", "_exchange", "_first", "_headers", "_meter")
+    __slots__ = ("_attempt", "_chunks", "_exchange", "_first", "_headers", "_meter", "_translator")
 
     def __init__(
         self,
@@ -180,8 +181,10 @@ class StreamRelay:
         first: bytes,
         meter: StreamMeter,
         attempt: Attempt,
+        translator: StreamTranslator | None = None,
     ) -> None:
         self._exchange = exchange
+        self._translator = translator  # the client's door speaks another dialect
         self._chunks = chunks
         self._headers = headers
         self._first = first
@@ -204,11 +207,13 @@ class StreamRelay:
             exchange.settle()  # closes the upstream: reused when read to its end, else cut
 
     async def _relay(self, send: Send) -> None:
-        meter, clock = self._meter, self._exchange.runtime.clock
+        meter, clock, translator = self._meter, self._exchange.runtime.clock, self._translator
         try:
             if not meter.saw_done():  # a short stream may have ended within its very first read
                 async for data in self._chunks:
                     out = meter.feed(data, clock())
+                    if out and translator is not None:
+                        out = translator.translate(out)
                     if out:
                         await send({"type": "http.response.body", "body": out, "more_body": True})
                     if meter.saw_done():
@@ -219,9 +224,12 @@ class StreamRelay:
             self._attempt.status = "timeout" if failure.kind == "timeout" else "dropped"
             self._attempt.error = failure.message
             code = "upstream_timeout" if failure.kind == "timeout" else "upstream_stream_broken"
-            await send(
-                {"type": "http.response.body", "body": error_event(failure.message, code), "more_body": True}
+            event = (
+                error_event(failure.message, code)
+                if translator is None
+                else translator.error(failure.message, code)
             )
+            await send({"type": "http.response.body", "body": event, "more_body": True})
         # The client has everything once [DONE] is out (SDKs hang up then): settle and end the response
         # before waiting for the upstream to close, so that hang-up is not taken for a cancellation.
         meter.finish(clock())

@@ -9,26 +9,28 @@ from starlette.types import Receive, Scope, Send
 
 from gateway.api.admin import runtime_of
 from gateway.api.responses import json_response
-from gateway.proxy import Endpoint, serve
+from gateway.doors import Door
+from gateway.doors.openai import CHAT, COMPLETIONS
+from gateway.proxy import serve
 
 # The paths ``GatewayApp`` serves without Starlette's router (the Routes below stay for the rest).
-HOT_PATHS: dict[str, Endpoint] = {
-    "/v1/chat/completions": "chat",
-    "/v1/completions": "completions",
-    "/chat/completions": "chat",
-    "/completions": "completions",
+HOT_PATHS: dict[str, Door] = {
+    "/v1/chat/completions": CHAT,
+    "/v1/completions": COMPLETIONS,
+    "/chat/completions": CHAT,
+    "/completions": COMPLETIONS,
 }
 
 
-class CompletionEndpoint:
-    """The same request path as an ASGI endpoint of Starlette's router (which only sees completion
-    requests that ``GatewayApp`` did not take first)."""
+class DoorEndpoint:
+    """The same request path as an ASGI endpoint of Starlette's router (which only sees the requests
+    that ``GatewayApp`` did not take first)."""
 
-    def __init__(self, endpoint: Endpoint) -> None:
-        self.endpoint = endpoint
+    def __init__(self, door: Door) -> None:
+        self.door = door
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        await serve(scope["app"].state.runtime, self.endpoint, scope, receive, send)
+        await serve(scope["app"].state.runtime, self.door, scope, receive, send)
 
 
 async def models(request: Request) -> Response:
@@ -44,11 +46,11 @@ async def models(request: Request) -> Response:
 
 
 routes = [
-    Route("/v1/chat/completions", CompletionEndpoint("chat"), methods=["POST"]),
-    Route("/v1/completions", CompletionEndpoint("completions"), methods=["POST"]),
+    Route("/v1/chat/completions", DoorEndpoint(CHAT), methods=["POST"]),
+    Route("/v1/completions", DoorEndpoint(COMPLETIONS), methods=["POST"]),
     Route("/v1/models", models, methods=["GET"]),
     # Some clients are configured without the /v1 prefix.
-    Route("/chat/completions", CompletionEndpoint("chat"), methods=["POST"]),
-    Route("/completions", CompletionEndpoint("completions"), methods=["POST"]),
+    Route("/chat/completions", DoorEndpoint(CHAT), methods=["POST"]),
+    Route("/completions", DoorEndpoint(COMPLETIONS), methods=["POST"]),
     Route("/models", models, methods=["GET"]),
 ]

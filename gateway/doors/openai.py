@@ -1,0 +1,95 @@
+"""The OpenAI doors, /v1/chat/completions and /v1/completions: the upstream dialect itself, so requests
+are validated and passed on with only the model replaced, and answers go back untouched."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+import orjson
+from starlette.responses import Response
+
+from gateway.api.responses import error_response
+from gateway.dialect import estimate_tokens, prompt_chars
+from gateway.errors import GatewayError, InvalidRequest, ModelNotFound
+from gateway.policy.compiled import CompiledPolicy, CompiledRoute
+
+if TYPE_CHECKING:
+    from gateway.doors import StreamTranslator
+    from gateway.exchange import ClientRequest, Exchange
+
+
+class OpenAIDoor:
+    """``name`` "chat" requires ``messages``, "completions" requires ``prompt``."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self.upstream_path = "/chat/completions" if name == "chat" else "/completions"
+
+    def parse(self, body: bytes, policy: CompiledPolicy, chars_per_token: float) -> ClientRequest:
+        from gateway.exchange import ClientRequest
+
+        payload = json_object(body)
+        route = route_of(payload.get("model"), policy)
+        value = payload.get("messages" if self.name == "chat" else "prompt")
+        if self.name == "chat" and (not isinstance(value, list) or not value):
+            raise InvalidRequest("'messages' is required and must be a non-empty array", param="messages")
+        if self.name == "completions" and not isinstance(value, (str, list)):
+            raise InvalidRequest("'prompt' is required and must be a string or an array", param="prompt")
+        stream = payload.get("stream", False)
+        if not isinstance(stream, bool):
+            raise InvalidRequest("'stream' must be a boolean", param="stream")
+        options = payload.get("stream_options")
+        if options is not None and not isinstance(options, dict):
+            raise InvalidRequest("'stream_options' must be an object", param="stream_options")
+        max_tokens = payload.get("max_completion_tokens", payload.get("max_tokens"))
+        if max_tokens is not None and (
+            not isinstance(max_tokens, int) or isinstance(max_tokens, bool) or max_tokens < 1
+        ):
+            raise InvalidRequest("'max_tokens' must be a positive integer", param="max_tokens")
+        chars = prompt_chars(payload)
+        return ClientRequest(
+            payload=payload,
+            route=route,
+            stream=stream,
+            wants_usage=bool(stream and options and options.get("include_usage")),
+            prompt_chars=chars,
+            prompt_tokens=estimate_tokens(chars, chars_per_token),
+            max_tokens=max_tokens,
+        )
+
+    def render_answer(self, raw: bytes, exchange: Exchange) -> bytes:
+        return raw  # the upstream's bytes as they came
+
+    def stream_translator(self, exchange: Exchange) -> StreamTranslator | None:
+        return None
+
+    def error_response(self, error: GatewayError) -> Response:
+        return error_response(error)
+
+
+def json_object(body: bytes) -> dict[str, Any]:
+    """A request body that must be a JSON object; InvalidRequest in OpenAI's words otherwise."""
+    if not body:
+        raise InvalidRequest("request body is empty; expected a JSON object")
+    try:
+        payload = orjson.loads(body)
+    except orjson.JSONDecodeError as exc:
+        raise InvalidRequest(f"request body is not valid JSON: {exc}") from None
+    if not isinstance(payload, dict):
+        raise InvalidRequest("request body must be a JSON object")
+    return payload
+
+
+def route_of(model: object, policy: CompiledPolicy) -> CompiledRoute:
+    """The route a request's ``model`` names; 404 listing the known ones when it names none."""
+    if not isinstance(model, str) or not model:
+        raise InvalidRequest("'model' is required and must be a string", param="model")
+    route = policy.routes.get(model)
+    if route is None:
+        known = ", ".join(sorted(policy.routes))
+        raise ModelNotFound(f"The model '{model[:200]}' does not exist. Known models: {known}")
+    return route
+
+
+CHAT = OpenAIDoor("chat")
+COMPLETIONS = OpenAIDoor("completions")
