@@ -107,6 +107,8 @@ class Runtime:
             interval = self.policy.store.sync_interval_s
             self.fleet = Fleet(self.stats, self.store, lambda: self.policy, clock, interval)
         self.metrics = GatewayMetrics(self)
+        # Called with each settled request, after the ledger and metrics (the demo prints a line).
+        self.request_listeners: list[Callable[[Observation], None]] = []
 
     @property
     def policy(self) -> CompiledPolicy:
@@ -285,3 +287,5 @@ class Runtime:
         self.ledger.append(row)
         self.spend.add(started_wall, observation.route, row.cost_usd)
         self.metrics.request_finished(observation)
+        for listener in self.request_listeners:
+            listener(observation)
