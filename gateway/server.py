@@ -116,7 +116,7 @@ def serve(
         sockets = [bind_listener(host, port)]
         if metrics_port is not None:
             # The same server and event loop listen on a second socket; GatewayApp tells them apart.
-            sockets.append(bind_listener(host, metrics_port))
+            sockets.append(bind_listener(host, metrics_port, "--metrics-port"))
     except PortUnavailable as exc:
         print(f"gateway: {exc}", file=sys.stderr)
         return 2
@@ -139,13 +139,13 @@ def serve(
 class PortUnavailable(Exception):
     """The address cannot be bound (taken, or not this machine's): one line that names it."""
 
-    def __init__(self, host: str, port: int, error: OSError) -> None:
+    def __init__(self, host: str, port: int, error: OSError, flag: str = "--port") -> None:
         reason = (error.strerror or str(error)).lower()
-        hint = "; is another gateway or demo running? pick another with --port" if port else ""
+        hint = f"; is another gateway or demo running? pick another with {flag}" if port else ""
         super().__init__(f"cannot listen on {host}:{port}: {reason}{hint}")
 
 
-def bind_listener(host: str, port: int) -> socket.socket:
+def bind_listener(host: str, port: int, flag: str = "--port") -> socket.socket:
     """A listening socket on host:port, as uvicorn would bind it, or ``PortUnavailable``.
 
     Bound here rather than by uvicorn, whose own bind logs the error and exits the process."""
@@ -157,7 +157,7 @@ def bind_listener(host: str, port: int) -> socket.socket:
         sock.listen(2048)  # uvicorn's default backlog; connections wait here until a worker accepts
     except OSError as exc:
         sock.close()
-        raise PortUnavailable(host, port, exc) from None
+        raise PortUnavailable(host, port, exc, flag) from None
     sock.set_inheritable(True)
     return sock
 
@@ -185,6 +185,11 @@ def _serve_workers(
     metrics_port: int | None = None,
 ) -> int:
     """uvicorn's supervisor with ``workers`` processes; each builds its own Runtime (``worker_app``)."""
+    try:
+        sock = bind_listener(host, port)
+    except PortUnavailable as exc:
+        print(f"gateway: {exc}", file=sys.stderr)
+        return 2
     given = os.environ.get(METRICS_DIR_ENV)
     metrics_dir = Path(given) if given else Path(tempfile.mkdtemp(prefix="gateway-metrics-"))
     metrics_dir.mkdir(parents=True, exist_ok=True)
@@ -192,11 +197,6 @@ def _serve_workers(
         stale.unlink()
     os.environ[METRICS_DIR_ENV] = str(metrics_dir)
     os.environ[WORKER_CONFIG_ENV] = json.dumps(worker)
-    try:
-        sock = bind_listener(host, port)
-    except PortUnavailable as exc:
-        print(f"gateway: {exc}", file=sys.stderr)
-        return 2
     metrics_server = None
     try:
         if metrics_port is not None:
@@ -206,7 +206,9 @@ def _serve_workers(
             try:
                 metrics_server, _ = start_http_server(metrics_port, addr=host, registry=registry)
             except OSError as exc:
-                print(f"gateway: {PortUnavailable(host, metrics_port, exc)}", file=sys.stderr)
+                print(
+                    f"gateway: {PortUnavailable(host, metrics_port, exc, '--metrics-port')}", file=sys.stderr
+                )
                 return 2
             log.info("metrics on http://%s:%d/metrics", host, metrics_port)
         config = uvicorn.Config(
@@ -223,6 +225,7 @@ def _serve_workers(
         )
         # The socket listens already: connections wait in its backlog until a worker accepts them.
         log.info("gateway serving on http://%s:%d/v1 with %d workers", host, port, workers)
+        log.info("ledger: %s", worker["ledger"])
         Multiprocess(config, sockets=[sock]).run()
     except KeyboardInterrupt:
         pass

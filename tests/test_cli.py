@@ -138,3 +138,16 @@ def test_serve_says_serving_once_it_listens_and_names_its_ledger(tmp_path: Path)
     finally:
         assert server.stop() == 0
     assert f"ledger: {tmp_path / 'spent.sqlite3'} (from --ledger)" in log.read_text()
+
+
+def test_a_busy_metrics_port_is_named_with_its_flag(tmp_path: Path) -> None:
+    with socket.socket() as holder:
+        holder.bind(("127.0.0.1", 0))
+        holder.listen()
+        taken = holder.getsockname()[1]
+        ledger = str(tmp_path / "ledger.sqlite3")
+        args = ("serve", "--port", str(free_port()), "--metrics-port", str(taken), "--ledger", ledger)
+        result = gateway_command(*args)
+    assert result.returncode == 2
+    last = result.stderr.strip().splitlines()[-1]
+    assert f"127.0.0.1:{taken}: address already in use" in last and last.endswith("with --metrics-port")
