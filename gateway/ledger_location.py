@@ -5,7 +5,7 @@ relative to the working directory, as the container image and manifests expect."
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -26,11 +26,16 @@ class LedgerLocation:
 
 
 def resolve_ledger(
-    flag: str | Path | None, policy: CompiledPolicy, environ: Mapping[str, str] | None = None
+    flag: str | Path | None,
+    policy: Callable[[], CompiledPolicy],
+    environ: Mapping[str, str] | None = None,
 ) -> LedgerLocation:
+    """``policy`` is called only when neither the flag nor the environment names the file (so
+    ``gateway spend --ledger`` works where no policy file is at hand)."""
     env = os.environ if environ is None else environ
     if flag:
         return LedgerLocation(Path(flag).absolute(), "--ledger")
     if env.get(LEDGER_ENV):
         return LedgerLocation(Path(env[LEDGER_ENV]).absolute(), f"${LEDGER_ENV}")
-    return LedgerLocation(Path(policy.ledger.path).absolute(), f"ledger.path of {policy.source}")
+    compiled = policy()
+    return LedgerLocation(Path(compiled.ledger.path).absolute(), f"ledger.path of {compiled.source}")

@@ -69,7 +69,7 @@ def serve(
         )
         return 2
     require_keys = public and not allow_open
-    ledger = resolve_ledger(ledger_path, holder.current)
+    ledger = resolve_ledger(ledger_path, lambda: holder.current)
     ledger_path = str(ledger.path)
     if redis_url and redis_url.partition("://")[0].lower() not in STORES:
         print(

@@ -262,7 +262,7 @@ def spend_main(args: argparse.Namespace, default_policy: str) -> int:
     ``serve`` finds it (``--ledger``, ``$GATEWAY_LEDGER``, the policy's ``ledger.path``), and every
     report says which file it read: on stderr, and in the JSON document."""
     try:
-        location = resolve_ledger(args.ledger, load_policy(args.policy or default_policy))
+        location = resolve_ledger(args.ledger, lambda: load_policy(args.policy or default_policy))
     except PolicyError as exc:
         print(
             f"gateway spend: the policy does not load (give --ledger PATH instead):\n{exc}", file=sys.stderr

@@ -15,6 +15,7 @@ from typing import Any
 import pytest
 
 from gateway.ledger_location import LEDGER_ENV, resolve_ledger
+from gateway.policy.compiled import CompiledPolicy
 from gateway.policy.load import load_policy
 from gateway.spend import parse_since
 from tests.servers import python_module
@@ -146,7 +147,14 @@ def test_the_ledger_is_found_as_serve_finds_it_from_any_folder_and_named(
 
 def test_serve_and_spend_resolve_one_way(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.chdir(tmp_path)
-    policy = load_policy(Path(__file__).resolve().parents[2] / "policies" / "default.yaml")
+    default = Path(__file__).resolve().parents[2] / "policies" / "default.yaml"
+
+    def policy() -> CompiledPolicy:
+        return load_policy(default)
+
+    def no_policy() -> CompiledPolicy:
+        raise AssertionError("the flag or the environment is enough; no policy is read")
+
     assert resolve_ledger(None, policy, {}).path == tmp_path / "var" / "ledger.sqlite3"
-    assert resolve_ledger(None, policy, {LEDGER_ENV: "spent.db"}).path == tmp_path / "spent.db"
-    assert resolve_ledger("flag.db", policy, {LEDGER_ENV: "spent.db"}).path == tmp_path / "flag.db"
+    assert resolve_ledger(None, no_policy, {LEDGER_ENV: "spent.db"}).path == tmp_path / "spent.db"
+    assert resolve_ledger("flag.db", no_policy, {LEDGER_ENV: "spent.db"}).path == tmp_path / "flag.db"
