@@ -3,6 +3,7 @@ moved (never served against whatever answers there), one line per request unless
 
 from __future__ import annotations
 
+import importlib.util
 import re
 import socket
 import sqlite3
@@ -18,6 +19,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse
 from starlette.routing import Route
 
+from gateway.demo import print_welcome, write_example
 from tests.servers import ProcessServer, free_port, python_module, threaded_server, wait_http
 
 REPO = Path(__file__).resolve().parent.parent
@@ -154,3 +156,18 @@ def test_a_taken_gateway_port_stops_the_demo_with_a_clear_error(tmp_path: Path) 
     assert result.returncode == 2
     assert f"port {port} is taken" in result.stderr and "gateway demo --port " in result.stderr
     assert "starting emulator" not in result.stdout, "nothing was started"
+
+
+def test_without_the_openai_sdk_the_demo_prints_how_to_install_it_first(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # `pip install -e .` (the README's run command) does not install the openai SDK the script uses.
+    real_find_spec = importlib.util.find_spec
+    monkeypatch.setattr(
+        importlib.util, "find_spec", lambda name, *a: None if name == "openai" else real_find_spec(name, *a)
+    )
+    print_welcome(8080, write_example(tmp_path, 8080))
+    commands = printed_commands(capsys.readouterr().out)
+    assert commands[1].startswith(f"{sys.executable} -m pip install openai")
+    assert commands[2] == f"{sys.executable} {tmp_path / 'stream_chat.py'}"
+    assert 'base_url="http://127.0.0.1:8080/v1"' in (tmp_path / "stream_chat.py").read_text()
