@@ -1,6 +1,6 @@
 """Who may call what: API keys checked by their SHA-256 digest, route permissions, admin access.
 
-The policy stores only digests (``gateway keys create`` prints a key once with its policy line), so
+The policy stores only digests (``gateway keys create`` prints a key once with its ``auth:`` block), so
 neither the file nor memory holds a client key. Keys are 256-bit random strings, which is why a fast
 hash is enough. The digest is compared in constant time; errors never echo the key presented.
 """

@@ -1,4 +1,5 @@
-"""The ``gateway`` command: serve, check, emulate, demo.
+"""The ``gateway`` command: serve, check, emulate, demo, keys, spend; ``--help`` on each shows its
+defaults and examples.
 
 Each subcommand is a small function; imports of heavy parts happen inside them so that
 ``gateway check`` or ``gateway emulate`` never load what they do not use.
@@ -11,6 +12,9 @@ import logging
 import os
 import sys
 from pathlib import Path
+
+from gateway.ledger_location import LEDGER_ENV
+from gateway.version import gateway_version
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_POLICY = REPO_ROOT / "policies" / "default.yaml"
@@ -30,22 +34,60 @@ def main(argv: list[str] | None = None) -> int:
     return result
 
 
+class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter, argparse.RawDescriptionHelpFormatter):
+    """Each option's default after its help, and examples (the epilog) printed as written. An option
+    without a fixed default (None) or a flag says in its help what happens without it."""
+
+    def _get_help_string(self, action: argparse.Action) -> str | None:
+        if action.default is None or action.default is False:
+            return action.help
+        return super()._get_help_string(action)
+
+
+def examples(*lines: str) -> str:
+    return "examples:\n" + "\n".join(f"  {line}" for line in lines)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
-        prog="gateway", description="A cost-aware, OpenAI-compatible LLM gateway."
+        prog="gateway",
+        description="A cost-aware, OpenAI-compatible LLM gateway.",
+        formatter_class=HelpFormatter,
+        epilog=examples(
+            "gateway demo                      # emulated backends + the gateway on :8080",
+            "gateway serve --policy my.yaml    # your own policy",
+            "gateway COMMAND --help            # each command's options, defaults and examples",
+        ),
     )
-    parser.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
+    parser.add_argument("--version", action="version", version=f"gateway {gateway_version()}")
+    parser.add_argument(
+        "--log-level", default="info", choices=["debug", "info", "warning", "error"], help="log verbosity"
+    )
     sub = parser.add_subparsers(required=True, metavar="COMMAND")
 
-    serve = sub.add_parser("serve", help="serve the OpenAI-compatible API with a routing policy")
+    def command(name: str, help: str, *example_lines: str) -> argparse.ArgumentParser:
+        return sub.add_parser(
+            name, help=help, description=help, formatter_class=HelpFormatter, epilog=examples(*example_lines)
+        )
+
+    serve = command(
+        "serve",
+        "serve the OpenAI-compatible API with a routing policy",
+        "gateway serve --policy policies/default.yaml --port 8080",
+        "gateway serve --policy prod.yaml --host 0.0.0.0 --workers 4 --redis-url redis://127.0.0.1:6379/0",
+        "gateway serve --policy prod.yaml --ledger /var/lib/gateway/ledger.sqlite3 --metrics-port 9464",
+    )
     serve.add_argument("--policy", default=str(DEFAULT_POLICY), help="policy YAML (hot-reloaded on change)")
-    serve.add_argument("--host", default="127.0.0.1")
-    serve.add_argument("--port", type=int, default=8080)
+    serve.add_argument("--host", default="127.0.0.1", help="address to listen on")
+    serve.add_argument("--port", type=int, default=8080, help="port to listen on")
     serve.add_argument(
         "--open", action="store_true", help="serve without API keys even on a non-loopback address (unsafe)"
     )
     serve.add_argument(
-        "--ledger", default=None, help="ledger SQLite file (default: the policy's ledger.path)"
+        "--ledger",
+        default=None,
+        help=f"ledger SQLite file (default: ${LEDGER_ENV}, else the policy's ledger.path, relative to the "
+        "current folder)",
     )
     serve.add_argument(
         "--redis-url",
@@ -64,34 +106,86 @@ def build_parser() -> argparse.ArgumentParser:
     )
     serve.set_defaults(func=cmd_serve)
 
-    keys = sub.add_parser("keys", help="manage client API keys")
+    keys = command(
+        "keys",
+        "manage client API keys",
+        "gateway keys create ci-bot --routes kimi-k3",
+        "gateway keys list --policy prod.yaml",
+    )
     keys_sub = keys.add_subparsers(required=True, metavar="ACTION")
     create = keys_sub.add_parser(
-        "create", help="print a new key once, with the line to paste into the policy"
+        "create",
+        help="print a new key once, with the policy's auth block to paste",
+        description="Print a new key once, with the YAML `auth:` block to paste into the policy; the "
+        "policy stores only the key's SHA-256.",
+        formatter_class=HelpFormatter,
+        epilog=examples(
+            "gateway keys create alice                       # all routes",
+            "gateway keys create ci-bot --routes kimi-k3,batch",
+            "gateway keys create ops --admin                 # also /admin, /dashboard, /metrics",
+        ),
     )
-    create.add_argument("name")
-    create.add_argument("--routes", default="*", help="comma-separated routes the key may use (default: all)")
+    create.add_argument("name", help="who holds the key (letters, digits, . _ @ -)")
+    create.add_argument("--routes", default="*", help="comma-separated routes the key may use (*: all)")
     create.add_argument(
         "--admin", action="store_true", help="the key may also use /admin, /dashboard, /metrics"
     )
     create.set_defaults(func=cmd_keys_create)
+    listing = keys_sub.add_parser(
+        "list",
+        help="list a policy's keys: names, routes, admin, rate limits, budgets",
+        description="List a policy's keys: names, routes, admin, rate limits and budgets; digests are "
+        "shown only by their first characters.",
+        formatter_class=HelpFormatter,
+        epilog=examples("gateway keys list", "gateway keys list --policy prod.yaml"),
+    )
+    listing.add_argument("--policy", default=str(DEFAULT_POLICY), help="the policy whose keys to list")
+    listing.set_defaults(func=cmd_keys_list)
 
-    spend = sub.add_parser("spend", help="report spend and tokens from the ledger")
-    spend.add_argument("--by", default="route", choices=["route", "backend", "key"])
+    spend = command(
+        "spend",
+        "report spend and tokens from the ledger",
+        "gateway spend                                   # by route, last 24 h, the ledger serve writes",
+        "gateway spend --by backend --since 7d --policy policies/default.yaml   # with pools' idle cost",
+        "gateway spend --by key --since 2026-06-01 --format csv --ledger /var/lib/gateway/ledger.sqlite3",
+    )
+    spend.add_argument("--by", default="route", choices=["route", "backend", "key"], help="one row per")
     spend.add_argument("--since", default="24h", help="a span (24h, 30m, 7d) or an ISO date (UTC)")
-    spend.add_argument("--format", default="table", choices=["table", "csv", "json"])
-    spend.add_argument("--ledger", default="var/ledger.sqlite3", help="the ledger SQLite file")
-    spend.add_argument("--policy", default=None, help="a policy, to add GPU-hour pools' idle cost")
+    spend.add_argument("--format", default="table", choices=["table", "csv", "json"], help="output format")
+    spend.add_argument(
+        "--ledger",
+        default=None,
+        help=f"the ledger SQLite file (default: found as serve finds it: ${LEDGER_ENV}, else the policy's "
+        "ledger.path, relative to the current folder)",
+    )
+    spend.add_argument(
+        "--policy",
+        default=None,
+        help="a policy, to add GPU-hour pools' idle cost and to find the ledger (default: "
+        "policies/default.yaml for the ledger, no idle cost)",
+    )
     spend.set_defaults(func=cmd_spend)
 
-    check = sub.add_parser("check", help="validate a policy file and print its compiled routes")
-    check.add_argument("file")
+    check = command(
+        "check",
+        "validate a policy file and print its compiled routes",
+        "gateway check policies/default.yaml",
+        "gateway check prod.yaml && kubectl apply -f configmap.yaml",
+    )
+    check.add_argument("file", help="the policy YAML to validate")
     check.set_defaults(func=cmd_check)
 
-    emulate = sub.add_parser("emulate", help="run an upstream emulator (vLLM, llama.cpp or paid-API dialect)")
-    emulate.add_argument("--profile", required=True, help="b300-vllm, a100-llamacpp or paid-api")
-    emulate.add_argument("--host", default="127.0.0.1")
-    emulate.add_argument("--port", type=int, required=True)
+    emulate = command(
+        "emulate",
+        "run an upstream emulator (vLLM, llama.cpp or paid-API dialect)",
+        "gateway emulate --profile b300-vllm --port 8101",
+        "gateway emulate --profile a100-llamacpp --port 8102 --time-scale 0.1 --cold-boot",
+    )
+    emulate.add_argument(
+        "--profile", required=True, choices=["b300-vllm", "a100-llamacpp", "paid-api"], help="which upstream"
+    )
+    emulate.add_argument("--host", default="127.0.0.1", help="address to listen on")
+    emulate.add_argument("--port", type=int, required=True, help="port to listen on")
     emulate.add_argument(
         "--time-scale", type=float, default=1.0, help="multiply every duration (0.01 = 100x faster)"
     )
@@ -100,15 +194,23 @@ def build_parser() -> argparse.ArgumentParser:
     )
     emulate.set_defaults(func=cmd_emulate)
 
-    demo = sub.add_parser(
-        "demo", help="start the three emulated backends and the gateway on the default policy"
+    demo = command(
+        "demo",
+        "start the three emulated backends and the gateway on the default policy",
+        "gateway demo",
+        "gateway demo --port 9090 --time-scale 0.1   # another port, emulators ten times faster",
+        "gateway demo --quiet                        # no line per request",
+        "gateway demo --real                         # also a real Gemma 3 270M on llama.cpp",
     )
-    demo.add_argument("--port", type=int, default=8080)
+    demo.add_argument("--port", type=int, default=8080, help="the gateway's port")
     demo.add_argument(
-        "--policy", default=None, help="default: policies/default.yaml (demo-real.yaml with --real)"
+        "--policy",
+        default=None,
+        help="the policy (default: policies/default.yaml, demo-real.yaml with --real)",
     )
     demo.add_argument("--time-scale", type=float, default=1.0, help="emulator speed (0.1 = ten times faster)")
     demo.add_argument("--real", action="store_true", help="also serve a real model (Gemma 3 270M, llama.cpp)")
+    demo.add_argument("--quiet", action="store_true", help="no line per request")
     demo.set_defaults(func=cmd_demo)
     return parser
 
@@ -130,20 +232,23 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
 
 def cmd_keys_create(args: argparse.Namespace) -> int:
-    from gateway.auth import new_key, policy_line
+    from gateway.keys import create_key
 
     routes = [r.strip() for r in args.routes.split(",") if r.strip() and r.strip() != "*"]
-    key = new_key()
-    print(f"API key for {args.name} (shown once; the gateway stores only its SHA-256):\n\n  {key}\n")
-    print("Paste this under auth.keys in the policy:\n")
-    print("  " + policy_line(args.name, key, routes=routes, admin=args.admin))
+    print(create_key(args.name, routes, args.admin), end="")
     return 0
+
+
+def cmd_keys_list(args: argparse.Namespace) -> int:
+    from gateway.keys import list_keys
+
+    return list_keys(args.policy)
 
 
 def cmd_spend(args: argparse.Namespace) -> int:
     from gateway.spend import spend_main
 
-    return spend_main(args)
+    return spend_main(args, str(DEFAULT_POLICY))
 
 
 def cmd_check(args: argparse.Namespace) -> int:
@@ -169,7 +274,12 @@ def cmd_demo(args: argparse.Namespace) -> int:
 
     policy = args.policy or str(REAL_DEMO_POLICY if args.real else DEFAULT_POLICY)
     return run_demo(
-        policy, port=args.port, time_scale=args.time_scale, log_level=args.log_level, real=args.real
+        policy,
+        port=args.port,
+        time_scale=args.time_scale,
+        log_level=args.log_level,
+        real=args.real,
+        quiet=args.quiet,
     )
 
 

@@ -1,23 +1,31 @@
 """``gateway demo``: the three emulated Kimi K3 backends and the gateway, with nothing configured.
 
 Each backend of the policy that lives on a loopback address gets the emulator of its dialect on its
-port, started as a child process and stopped by process id on exit.
+port (a free one, in a copy of the policy, when that port is taken), started as a child process and
+stopped by process id on exit. It prints ready commands, and one line per request unless ``--quiet``.
 """
 
 from __future__ import annotations
 
 import importlib.util
 import os
+import re
+import shlex
+import shutil
 import signal
+import socket
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 from urllib.parse import urlsplit
 
 import httpx
 
+from gateway.policy.compiled import CompiledPolicy
 from gateway.policy.load import PolicyError, load_policy
+from gateway.request_line import line_printer
 from gateway.server import serve
 
 PROFILE_OF_DIALECT = {"vllm": "b300-vllm", "llamacpp": "a100-llamacpp", "openai": "paid-api"}
@@ -27,9 +35,12 @@ REAL_MODEL_FILE = "models/gemma3-270m-q4_k_m.gguf"
 REAL_SETUP = "bash tests/real/setup_llamacpp.sh"
 LOOPBACK = {"127.0.0.1", "localhost", "::1"}
 DEMO_PAID_KEY = "demo-paid-api-key"
+LOOPBACK_URL_PORT = re.compile(r"(https?://(?:127\.0\.0\.1|localhost|\[::1\]):)(\d+)")
 
 
-def run_demo(policy_path: str, *, port: int, time_scale: float, log_level: str, real: bool = False) -> int:
+def run_demo(
+    policy_path: str, *, port: int, time_scale: float, log_level: str, real: bool = False, quiet: bool = False
+) -> int:
     model_file = real_model_file()
     if real and (not model_file.is_file() or importlib.util.find_spec("llama_cpp") is None):
         print(
@@ -42,32 +53,97 @@ def run_demo(policy_path: str, *, port: int, time_scale: float, log_level: str, 
     except PolicyError as exc:
         print(f"gateway demo: the policy does not load:\n{exc}", file=sys.stderr)
         return 2
+    if not port_is_free(port):
+        print(
+            f"gateway demo: port {port} is taken (another demo or gateway?); "
+            f"pick another: gateway demo --port {free_port()}",
+            file=sys.stderr,
+        )
+        return 2
     children: list[subprocess.Popen[bytes]] = []
+    workdir = Path(tempfile.mkdtemp(prefix="gateway-demo-"))
     # The paid-API emulator checks a bearer key, and the gateway sends the one named in the policy:
     # the demo shows credentials flowing from the environment, never from the file or the client.
     paid_key = os.environ.setdefault("PAID_API_KEY", DEMO_PAID_KEY)
     try:
+        moved = moved_ports(policy)
+        if moved:
+            # Something else answers on the policy's ports: run a copy of the policy on free ones,
+            # rather than serving against whatever listens there.
+            policy_path = str(workdir / Path(policy_path).name)
+            Path(policy_path).write_text(with_ports(Path(policy.source).read_text(), moved))
+            policy = load_policy(policy_path)
+            taken = ", ".join(f":{old} -> :{new}" for old, new in moved.items())
+            print(f"  ports taken, emulators moved ({taken}); running the policy copy {policy_path}")
         for backend in policy.backends.values():
             parts = urlsplit(backend.base_url)
             if parts.hostname not in LOOPBACK or parts.port is None:
                 continue
             if real and backend.name == REAL_BACKEND:
                 print(f"  starting real llama.cpp (Gemma 3 270M) for backend {backend.name} on :{parts.port}")
-                children.append(subprocess.Popen(real_server_command(model_file, backend.model, parts.port)))
-                wait_until_up(f"http://127.0.0.1:{parts.port}/v1/models", timeout_s=180)
+                child = subprocess.Popen(real_server_command(model_file, backend.model, parts.port))
+                children.append(child)
+                wait_until_up(child, f"http://127.0.0.1:{parts.port}/v1/models", timeout_s=180)
                 continue
             profile = PROFILE_OF_DIALECT[backend.dialect]
             print(f"  starting emulator {profile:<14} for backend {backend.name:<14} on :{parts.port}")
             env = {**os.environ, "EMULATOR_API_KEY": paid_key} if backend.dialect == "openai" else None
             command = [sys.executable, "-m", "gateway", "--log-level", "warning", "emulate"]
             command += ["--profile", profile, "--port", str(parts.port), "--time-scale", str(time_scale)]
-            children.append(subprocess.Popen(command, env=env))
-            wait_until_up(f"http://127.0.0.1:{parts.port}/health")
-        print_welcome(port, real)
-        return serve(policy_path, host="127.0.0.1", port=port, log_level=log_level)
+            child = subprocess.Popen(command, env=env)
+            children.append(child)
+            wait_until_up(child, f"http://127.0.0.1:{parts.port}/health")
+        print_welcome(port, write_example(workdir, port), real=real, quiet=quiet)
+        listener = None if quiet else line_printer()
+        return serve(policy_path, host="127.0.0.1", port=port, log_level=log_level, request_listener=listener)
+    except DemoFailed as exc:
+        print(f"gateway demo: {exc}", file=sys.stderr)
+        return 2
     finally:
         for child in children:
             stop(child)
+        shutil.rmtree(workdir, ignore_errors=True)
+
+
+class DemoFailed(Exception):
+    """A child would not start; the message says which and why."""
+
+
+def port_is_free(port: int) -> bool:
+    with socket.socket() as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as servers bind: TIME_WAIT is free
+        try:
+            probe.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+def moved_ports(policy: CompiledPolicy) -> dict[int, int]:
+    """Taken loopback ports of the policy's backends, each with a free port to use instead."""
+    ports = {urlsplit(b.base_url).port for b in policy.backends.values() if _on_loopback(b.base_url)}
+    return {port: free_port() for port in sorted(p for p in ports if p is not None) if not port_is_free(port)}
+
+
+def with_ports(policy_text: str, moved: dict[int, int]) -> str:
+    """The policy's text with every loopback URL on a moved port (API, metrics, slots, health) moved."""
+
+    def move(match: re.Match[str]) -> str:
+        port = int(match.group(2))
+        return f"{match.group(1)}{moved.get(port, port)}"
+
+    return LOOPBACK_URL_PORT.sub(move, policy_text)
+
+
+def _on_loopback(url: str) -> bool:
+    parts = urlsplit(url)
+    return parts.hostname in LOOPBACK and parts.port is not None
 
 
 def real_model_file() -> Path:
@@ -83,16 +159,20 @@ def real_server_command(model_file: Path, served_name: str, port: int) -> list[s
     ]
 
 
-def wait_until_up(url: str, timeout_s: float = 30.0) -> None:
+def wait_until_up(child: subprocess.Popen[bytes], url: str, timeout_s: float = 30.0) -> None:
+    """Until ``url`` answers, while ``child`` (the server meant to answer it) still runs."""
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
+        if child.poll() is not None:
+            port = urlsplit(url).port
+            raise DemoFailed(f"the server for :{port} exited (code {child.returncode}); is :{port} taken?")
         try:
             if httpx.get(url, timeout=1.0).status_code < 500:
                 return
         except httpx.HTTPError:
             pass
         time.sleep(0.1)
-    raise RuntimeError(f"emulator at {url} did not come up in {timeout_s:g}s")
+    raise DemoFailed(f"{url} did not come up in {timeout_s:g}s")
 
 
 def stop(child: subprocess.Popen[bytes]) -> None:
@@ -106,8 +186,42 @@ def stop(child: subprocess.Popen[bytes]) -> None:
         child.wait()
 
 
-def print_welcome(port: int, real: bool = False) -> None:
+EXAMPLE_SCRIPT = """\
+# Written by `gateway demo`: a streamed chat completion through the gateway, with the openai SDK.
+from openai import OpenAI
+
+client = OpenAI(base_url="{base}", api_key="unused-in-the-demo")
+stream = client.chat.completions.create(
+    model="kimi-k3",  # a route of the policy, not a backend
+    messages=[{{"role": "user", "content": "Hello"}}],
+    stream=True,
+    stream_options={{"include_usage": True}},
+)
+for chunk in stream:
+    if chunk.usage:
+        print("\\nusage:", chunk.usage)  # completion_tokens include the reasoning tokens
+    elif chunk.choices:
+        delta = chunk.choices[0].delta.model_dump()
+        print(delta.get("reasoning") or delta.get("reasoning_content") or delta.get("content") or "", end="")
+"""
+
+
+def write_example(folder: Path, port: int) -> Path:
+    script = folder / "stream_chat.py"
+    script.write_text(EXAMPLE_SCRIPT.format(base=f"http://127.0.0.1:{port}/v1"))
+    return script
+
+
+def print_welcome(port: int, script: Path, *, real: bool = False, quiet: bool = False) -> None:
     base = f"http://127.0.0.1:{port}/v1"
+    body = '{"model": "kimi-k3", "messages": [{"role": "user", "content": "Hello"}]}'
+    python = shlex.quote(sys.executable)
+    install = ""
+    if importlib.util.find_spec("openai") is None:
+        install = f"  {python} -m pip install openai   # the script below needs the openai SDK\n"
+    lines = (
+        "" if quiet else "Each request prints a line here: route -> backend, decision, TTFT, tokens, cost.\n"
+    )
     if real:
         print('\nA real model answers on the route `gemma`: put "model": "gemma" in the examples below.')
     print(
@@ -115,19 +229,12 @@ def print_welcome(port: int, real: bool = False) -> None:
 Gateway demo: OpenAI-compatible API at {base}
 Routes (the names to put in "model"): see {base}/models
 
-  curl {base}/chat/completions -H 'content-type: application/json' \\
-    -d '{{"model": "kimi-k3", "messages": [{{"role": "user", "content": "Hello"}}]}}' -i
+Try it from another terminal; each line pastes as it is:
 
-  python - <<'EOF'
-  from openai import OpenAI
-  client = OpenAI(base_url="{base}", api_key="unused-in-the-demo")
-  stream = client.chat.completions.create(model="kimi-k3", stream=True,
-      messages=[{{"role": "user", "content": "Hello"}}], stream_options={{"include_usage": True}})
-  for chunk in stream:
-      print(chunk.choices[0].delta if chunk.choices else chunk.usage)
-  EOF
+  curl -si {base}/chat/completions -H 'content-type: application/json' -d '{body}'
+{install}  {python} {shlex.quote(str(script))}
 
-Ctrl-C stops the gateway and the emulators.
+{lines}Ctrl-C stops the gateway and the emulators.
 """,
         flush=True,
     )

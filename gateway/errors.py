@@ -4,7 +4,8 @@
     ├── InternalError                  500 server_error        (a bug: logged, never detailed)
     ├── InvalidRequest                 400 invalid_request_error  (malformed JSON, missing fields)
     │   ├── BodyTooLarge               413
-    │   └── ModelNotFound              404 code=model_not_found (lists the known routes)
+    │   ├── ModelNotFound              404 code=model_not_found (lists the known routes)
+    │   └── PolicyRejected             422 code=policy_rejected (a reload's errors, one per line)
     ├── NoRouteAvailable               503 service_unavailable (nothing feasible or healthy)
     └── UpstreamError                  502 upstream_error      (every attempt failed before a byte was sent)
         └── UpstreamTimeout            504
@@ -68,6 +69,22 @@ class ModelNotFound(InvalidRequest):
     status = 404
     code = "model_not_found"
     param = "model"
+
+
+class PolicyRejected(InvalidRequest):
+    """``POST /admin/policy/reload`` found an invalid file: the errors, and the policy still serving."""
+
+    status = 422
+    code = "policy_rejected"
+
+    def __init__(self, message: str, errors: list[str]) -> None:
+        super().__init__(message)
+        self.errors = errors
+
+    def body(self) -> dict[str, Any]:
+        body = super().body()
+        body["error"]["errors"] = self.errors
+        return body
 
 
 class NoRouteAvailable(GatewayError):

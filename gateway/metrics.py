@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import platform
 from collections.abc import Coroutine, Iterator, Mapping
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any
@@ -23,6 +24,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from gateway.costs import effective_usd_per_mtok
 from gateway.health import CIRCUIT_STATE_CODES
 from gateway.observation import Attempt, Observation
+from gateway.version import gateway_version
 
 if TYPE_CHECKING:
     from gateway.runtime import Runtime
@@ -66,6 +68,7 @@ def overhead_s(observation: Observation) -> float | None:
 class GatewayMetrics:
     def __init__(self, runtime: Runtime) -> None:
         self.registry = registry = CollectorRegistry(auto_describe=True)
+        declare_build_info(registry)
         route_backend = ["route", "backend"]
         self.requests = Counter(
             "gateway_requests",
@@ -389,3 +392,18 @@ class LiveCollector:
             "Failed state store operations (timeouts, lost connections).",
             value=health.faults,
         )
+
+
+# --- build info: which version answers, for dashboards and "what is running where" ------------------
+
+
+def declare_build_info(registry: CollectorRegistry) -> None:
+    """``gateway_build_info{version, python} 1``, the Prometheus convention for a build's identity."""
+    info = Gauge(
+        "gateway_build_info",
+        "Always 1; the labels say which gateway version and Python runs this process.",
+        ["version", "python"],
+        registry=registry,
+        multiprocess_mode="max",
+    )
+    info.labels(gateway_version(), platform.python_version()).set(1)

@@ -114,6 +114,8 @@ class Runtime:
             interval = self.policy.store.sync_interval_s
             self.fleet = Fleet(self.stats, self.store, lambda: self.policy, clock, interval)
         self.metrics = GatewayMetrics(self)
+        # Called with each settled request, after the ledger and metrics (the demo prints a line).
+        self.request_listeners: list[Callable[[Observation], None]] = []
 
     @property
     def policy(self) -> CompiledPolicy:
@@ -260,6 +262,8 @@ class Runtime:
         self.spend.add(started_wall, observation.route, row.cost_usd)
         self.recent.append(observation)
         self.metrics.request_finished(observation)
+        for listener in self.request_listeners:
+            listener(observation)
 
 
 def backend_state(view: BackendView, scraped: Mapping[str, object] | None) -> str:

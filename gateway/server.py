@@ -10,17 +10,21 @@ import logging
 import os
 import shutil
 import signal
+import socket
 import sys
 import tempfile
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from types import FrameType
 
 import uvicorn
 from prometheus_client import CollectorRegistry, multiprocess, start_http_server
+from uvicorn.supervisors import Multiprocess
 
 from gateway.app import GatewayApp, create_app
 from gateway.auth import is_loopback
+from gateway.ledger_location import resolve_ledger
+from gateway.observation import Observation
 from gateway.policy.load import PolicyError
 from gateway.policy.reload import PolicyHolder
 from gateway.runtime import Runtime
@@ -42,6 +46,7 @@ def serve(
     redis_url: str | None = None,
     workers: int = 1,
     metrics_port: int | None = None,
+    request_listener: Callable[[Observation], None] | None = None,
 ) -> int:
     try:
         holder = PolicyHolder(policy_path)
@@ -58,11 +63,14 @@ def serve(
         print(
             f"gateway: refusing to listen on {host} with no API keys in {policy_path}: anyone who can reach\n"
             "this address could spend your GPU hours and paid-API credit. Add keys (`gateway keys create\n"
-            "NAME` prints one with its policy line), listen on 127.0.0.1, or pass --open to run open anyway.",
+            "NAME` prints one with the auth block to paste), listen on 127.0.0.1, or pass --open to run\n"
+            "open anyway.",
             file=sys.stderr,
         )
         return 2
     require_keys = public and not allow_open
+    ledger = resolve_ledger(ledger_path, lambda: holder.current)
+    ledger_path = str(ledger.path)
     if redis_url and redis_url.partition("://")[0].lower() not in STORES:
         print(
             f"gateway: --redis-url must start with one of: {', '.join(f'{s}://' for s in STORES)}",
@@ -86,10 +94,14 @@ def serve(
         return _serve_workers(
             worker, host=host, port=port, log_level=log_level, workers=workers, metrics_port=metrics_port
         )
-    app = create_app(
-        lambda: Runtime(holder, require_keys=require_keys, ledger_path=ledger_path, redis_url=redis_url),
-        metrics_port=metrics_port,
-    )
+
+    def build_runtime() -> Runtime:
+        runtime = Runtime(holder, require_keys=require_keys, ledger_path=ledger_path, redis_url=redis_url)
+        if request_listener is not None:
+            runtime.request_listeners.append(request_listener)
+        return runtime
+
+    app = create_app(build_runtime, metrics_port=metrics_port)
     config = uvicorn.Config(
         app,
         host=host,
@@ -100,19 +112,67 @@ def serve(
         log_level=log_level,
         lifespan="on",
     )
-    server = uvicorn.Server(config)
+    try:
+        sockets = [bind_listener(host, port)]
+        if metrics_port is not None:
+            # The same server and event loop listen on a second socket; GatewayApp tells them apart.
+            sockets.append(bind_listener(host, metrics_port, "--metrics-port"))
+    except PortUnavailable as exc:
+        print(f"gateway: {exc}", file=sys.stderr)
+        return 2
+    shown = f"[{host}]" if _is_ipv6(host) else host
+
+    def announce() -> None:
+        log.info("gateway serving on http://%s:%d/v1 with policy %s", shown, port, policy_path)
+        log.info("ledger: %s", ledger)
+        if metrics_port is not None:
+            log.info("metrics on http://%s:%d/metrics", shown, metrics_port)
+
+    server = AnnouncingServer(config, announce)
     # uvicorn shuts down gracefully on SIGTERM, then re-raises the signal with the handler that was
     # there before it: make that a clean exit, so callers' cleanup (the demo's children) still runs.
     signal.signal(signal.SIGTERM, _exit_cleanly)
-    shown = f"[{host}]" if _is_ipv6(host) else host
-    log.info("gateway serving on http://%s:%d/v1 with policy %s", shown, port, policy_path)
-    sockets = [config.bind_socket()]
-    if metrics_port is not None:
-        # The same server and event loop listen on a second socket; GatewayApp tells them apart.
-        sockets.append(uvicorn.Config(app, host=host, port=metrics_port).bind_socket())
-        log.info("metrics on http://%s:%d/metrics", shown, metrics_port)
     server.run(sockets=sockets)
-    return 0
+    return 0 if server.started else 1
+
+
+class PortUnavailable(Exception):
+    """The address cannot be bound (taken, or not this machine's): one line that names it."""
+
+    def __init__(self, host: str, port: int, error: OSError, flag: str = "--port") -> None:
+        reason = (error.strerror or str(error)).lower()
+        hint = f"; is another gateway or demo running? pick another with {flag}" if port else ""
+        super().__init__(f"cannot listen on {host}:{port}: {reason}{hint}")
+
+
+def bind_listener(host: str, port: int, flag: str = "--port") -> socket.socket:
+    """A listening socket on host:port, as uvicorn would bind it, or ``PortUnavailable``.
+
+    Bound here rather than by uvicorn, whose own bind logs the error and exits the process."""
+    family = socket.AF_INET6 if _is_ipv6(host) else socket.AF_INET
+    sock = socket.socket(family=family)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host, port))
+        sock.listen(2048)  # uvicorn's default backlog; connections wait here until a worker accepts
+    except OSError as exc:
+        sock.close()
+        raise PortUnavailable(host, port, exc, flag) from None
+    sock.set_inheritable(True)
+    return sock
+
+
+class AnnouncingServer(uvicorn.Server):
+    """uvicorn's server that says "serving" only once the app has started and the sockets listen."""
+
+    def __init__(self, config: uvicorn.Config, announce: Callable[[], None]) -> None:
+        super().__init__(config)
+        self._announce = announce
+
+    async def startup(self, sockets: list[socket.socket] | None = None) -> None:
+        await super().startup(sockets=sockets)
+        if self.started and not self.should_exit:
+            self._announce()
 
 
 def _serve_workers(
@@ -125,6 +185,11 @@ def _serve_workers(
     metrics_port: int | None = None,
 ) -> int:
     """uvicorn's supervisor with ``workers`` processes; each builds its own Runtime (``worker_app``)."""
+    try:
+        sock = bind_listener(host, port)
+    except PortUnavailable as exc:
+        print(f"gateway: {exc}", file=sys.stderr)
+        return 2
     given = os.environ.get(METRICS_DIR_ENV)
     metrics_dir = Path(given) if given else Path(tempfile.mkdtemp(prefix="gateway-metrics-"))
     metrics_dir.mkdir(parents=True, exist_ok=True)
@@ -132,16 +197,21 @@ def _serve_workers(
         stale.unlink()
     os.environ[METRICS_DIR_ENV] = str(metrics_dir)
     os.environ[WORKER_CONFIG_ENV] = json.dumps(worker)
-    log.info("gateway serving on http://%s:%d/v1 with %d workers", host, port, workers)
     metrics_server = None
-    if metrics_port is not None:
-        # The supervisor serves the workers' merged metrics from their shared directory.
-        registry = CollectorRegistry()
-        multiprocess.MultiProcessCollector(registry, path=str(metrics_dir))  # type: ignore[no-untyped-call]
-        metrics_server, _ = start_http_server(metrics_port, addr=host, registry=registry)
-        log.info("metrics on http://%s:%d/metrics", host, metrics_port)
     try:
-        uvicorn.run(
+        if metrics_port is not None:
+            # The supervisor serves the workers' merged metrics from their shared directory.
+            registry = CollectorRegistry()
+            multiprocess.MultiProcessCollector(registry, path=str(metrics_dir))  # type: ignore[no-untyped-call]
+            try:
+                metrics_server, _ = start_http_server(metrics_port, addr=host, registry=registry)
+            except OSError as exc:
+                print(
+                    f"gateway: {PortUnavailable(host, metrics_port, exc, '--metrics-port')}", file=sys.stderr
+                )
+                return 2
+            log.info("metrics on http://%s:%d/metrics", host, metrics_port)
+        config = uvicorn.Config(
             "gateway.server:worker_app",
             factory=True,
             workers=workers,
@@ -153,7 +223,14 @@ def _serve_workers(
             log_level=log_level,
             lifespan="on",
         )
+        # The socket listens already: connections wait in its backlog until a worker accepts them.
+        log.info("gateway serving on http://%s:%d/v1 with %d workers", host, port, workers)
+        log.info("ledger: %s", worker["ledger"])
+        Multiprocess(config, sockets=[sock]).run()
+    except KeyboardInterrupt:
+        pass
     finally:
+        sock.close()
         if metrics_server is not None:
             metrics_server.shutdown()
         if not given:

@@ -12,7 +12,7 @@ import sqlite3
 import sys
 import time
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from pathlib import Path
 from types import MappingProxyType
@@ -23,6 +23,7 @@ import orjson
 from gateway.budgets import period_bounds, period_id
 from gateway.costs import SECONDS_PER_HOUR, usd_per_mtok_of
 from gateway.ledger import SpendTotal, connect, earliest_time, spend_buckets, spend_totals
+from gateway.ledger_location import resolve_ledger
 from gateway.policy.load import PolicyError, load_policy
 
 UNITS_S = MappingProxyType({"s": 1, "m": 60, "h": 3600, "d": 86_400, "w": 604_800})
@@ -125,6 +126,7 @@ class Report:
     until: float
     rows: list[SpendTotal]
     note: str | None = None  # e.g. why idle rows are missing
+    ledger: str | None = None  # the file it was read from
 
 
 def parse_since(text: str, now: float) -> float:
@@ -201,6 +203,7 @@ def render(report: Report, fmt: str) -> str:
     if fmt == "json":
         window = {"since": _iso(report.since), "until": _iso(report.until)}
         document = {
+            "ledger": report.ledger,
             "by": report.by,
             "window": window,
             "rows": records,
@@ -242,6 +245,8 @@ def _table(report: Report, records: Sequence[dict[str, Any]], total: float) -> s
         return "  ".join(c.ljust(w) if i in (0, 9) else c.rjust(w) for i, (c, w) in pairs)
 
     title = f"spend by {report.by}, {_iso(report.since)} to {_iso(report.until)} (UTC)"
+    if report.ledger:
+        title += f", from {report.ledger}"
     body = [title, fmt(headers), fmt(["-" * w for w in widths]), *(fmt(line) for line in lines)]
     if report.note:
         body.append(f"note: {report.note}")
@@ -252,18 +257,31 @@ def _iso(at: float) -> str:
     return datetime.fromtimestamp(at, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
-def spend_main(args: argparse.Namespace) -> int:
-    """`gateway spend`: ``args`` has by, since, format, ledger and policy."""
-    ledger = Path(args.ledger)
-    if not ledger.is_file():
-        print(f"gateway spend: no ledger at {ledger} (set --ledger PATH)", file=sys.stderr)
+def spend_main(args: argparse.Namespace, default_policy: str) -> int:
+    """`gateway spend`: ``args`` has by, since, format, ledger and policy. The ledger is found the way
+    ``serve`` finds it (``--ledger``, ``$GATEWAY_LEDGER``, the policy's ``ledger.path``), and every
+    report says which file it read: on stderr, and in the JSON document."""
+    try:
+        location = resolve_ledger(args.ledger, lambda: load_policy(args.policy or default_policy))
+    except PolicyError as exc:
+        print(
+            f"gateway spend: the policy does not load (give --ledger PATH instead):\n{exc}", file=sys.stderr
+        )
+        return 2
+    if not location.path.is_file():
+        print(
+            f"gateway spend: no ledger at {location}; a gateway writes it on its first request "
+            "(pass --ledger PATH, set $GATEWAY_LEDGER, or run from the folder `gateway serve` ran in)",
+            file=sys.stderr,
+        )
         return 2
     now = time.time()
     try:
         since = parse_since(args.since, now)
-        report = build_report(ledger, args.by, since, now, args.policy)
+        report = build_report(location.path, args.by, since, now, args.policy)
     except (ValueError, sqlite3.Error, PolicyError) as exc:
         print(f"gateway spend: {exc}", file=sys.stderr)
         return 2
-    sys.stdout.write(render(report, args.format))
+    print(f"ledger: {location}", file=sys.stderr)
+    sys.stdout.write(render(replace(report, ledger=str(location.path)), args.format))
     return 0

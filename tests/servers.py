@@ -82,15 +82,24 @@ def threaded_server(app: Any, port: int | None = None) -> Iterator[ThreadedServe
 class ProcessServer:
     """A command in its own process group; stopped by pid."""
 
-    def __init__(self, args: list[str], env: dict[str, str] | None = None, log_path: str | None = None):
+    def __init__(
+        self,
+        args: list[str],
+        env: dict[str, str] | None = None,
+        log_path: str | None = None,
+        cwd: str | None = None,
+    ):
         self.args = args
+        self.cwd = cwd
         self.env = {**os.environ, **(env or {})}
         self.log_path = log_path
         self.proc: subprocess.Popen[bytes] | None = None
 
     def start(self) -> ProcessServer:
         out = open(self.log_path, "wb") if self.log_path else subprocess.DEVNULL  # noqa: SIM115
-        self.proc = subprocess.Popen(self.args, env=self.env, stdout=out, stderr=subprocess.STDOUT)
+        self.proc = subprocess.Popen(
+            self.args, env=self.env, stdout=out, stderr=subprocess.STDOUT, cwd=self.cwd
+        )
         return self
 
     def stop(self, timeout: float = 10.0) -> int | None:

@@ -16,8 +16,10 @@ from starlette.responses import Response
 from starlette.routing import Route
 
 from gateway.api.responses import json_response
-from gateway.errors import InvalidRequest, ModelNotFound
+from gateway.errors import InvalidRequest, ModelNotFound, PolicyRejected
+from gateway.policy.load import PolicyError
 from gateway.runtime import Runtime
+from gateway.version import gateway_version
 
 
 def runtime_of(request: Request) -> Runtime:
@@ -26,7 +28,7 @@ def runtime_of(request: Request) -> Runtime:
 
 
 async def health(request: Request) -> Response:
-    return json_response({"status": "ok"})
+    return json_response({"status": "ok", "version": gateway_version()})
 
 
 async def ready(request: Request) -> Response:
@@ -80,10 +82,17 @@ async def policy_status(request: Request) -> Response:
 
 async def reload_policy(request: Request) -> Response:
     source = runtime_of(request).policy_source
-    reload_now = getattr(source, "reload_now", None)
-    if reload_now is None:
+    reload_checked = getattr(source, "reload_checked", None)
+    if reload_checked is None:
         raise InvalidRequest("this gateway runs a fixed policy that cannot be reloaded")
-    changed = await asyncio.to_thread(reload_now)
+    changed = await asyncio.to_thread(reload_checked)
+    if isinstance(changed, PolicyError):
+        running = runtime_of(request).policy
+        raise PolicyRejected(
+            f"the policy file was rejected; still serving sha256 {running.digest[:12]} from "
+            f"{running.source}:\n{changed}",
+            [str(problem) for problem in changed.problems],
+        )
     response = await policy_status(request)
     response.headers["x-gateway-policy-changed"] = "true" if changed else "false"
     return response

@@ -57,8 +57,15 @@ class PolicyHolder:
 
     def reload_now(self) -> bool:
         """Read the file now; True if a new valid policy was installed, False if rejected or unchanged."""
+        return self.reload_checked() is True
+
+    def reload_checked(self) -> bool | PolicyError:
+        """Read the file now: True if a new valid policy was installed, False if the file holds the
+        running policy already, or why it was rejected (the last good policy keeps serving)."""
         self._stat_key = _stat_key(self.path)
-        return self._install(self._attempt(retry_rejected=True))
+        outcome = self._attempt(retry_rejected=True)
+        installed = self._install(outcome)
+        return outcome[0] if isinstance(outcome[0], PolicyError) else installed
 
     async def watch(self, interval_s: float = 1.0) -> None:
         """Poll the file until cancelled, reloading when its content changes."""

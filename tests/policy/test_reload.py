@@ -8,11 +8,13 @@ import os
 from collections.abc import Callable
 from pathlib import Path
 
+import httpx
 import pytest
 
 from gateway.policy.compiled import CompiledPolicy
 from gateway.policy.load import PolicyError
 from gateway.policy.reload import PolicyHolder
+from tests.conftest import running_gateway
 
 POLICY = """\
 backends:
@@ -173,3 +175,34 @@ async def test_watch_follows_a_configmap_symlink_swap(tmp_path: Path) -> None:
         await until(lambda: "kimi-k3-batch" in holder.current.routes)
     finally:
         watcher.cancel()
+
+
+def test_the_reload_endpoint_answers_422_with_the_errors_and_200_only_when_the_new_policy_runs(
+    tmp_path: Path,
+) -> None:
+    path = tmp_path / "policy.yaml"
+    path.write_text(POLICY)
+    # No polling: every reload below is the endpoint's own.
+    with running_gateway(path, policy_poll_s=3600) as gateway:
+        reload_url = gateway.url + "/admin/policy/reload"
+        running = gateway.runtime.policy.digest
+        path.write_text(INVALID)
+        rejected = httpx.post(reload_url)
+        assert rejected.status_code == 422
+        error = rejected.json()["error"]
+        assert error["type"] == "invalid_request_error" and error["code"] == "policy_rejected"
+        assert error["errors"] == [f"{path}:{INVALID_LINE}"]
+        assert f"still serving sha256 {running[:12]}" in error["message"]
+        assert gateway.runtime.policy.digest == running, "the last good policy serves on"
+        assert httpx.post(reload_url).status_code == 422, "asked again, the file is judged again"
+
+        path.write_text(WITH_BATCH_ROUTE)
+        installed = httpx.post(reload_url)
+        assert installed.status_code == 200 and installed.headers["x-gateway-policy-changed"] == "true"
+        assert installed.json()["routes"] == ["kimi-k3", "kimi-k3-batch"]
+        again = httpx.post(reload_url)
+        assert again.status_code == 200 and again.headers["x-gateway-policy-changed"] == "false"
+
+        path.unlink()
+        gone = httpx.post(reload_url)
+        assert gone.status_code == 422 and str(path) in gone.json()["error"]["errors"][0]

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import calendar
+import random
 import sqlite3
 from pathlib import Path
 
@@ -74,20 +75,31 @@ def peak_in_flight(rows: list[sqlite3.Row]) -> int:
     return peak
 
 
+class AlwaysExplore(random.Random):
+    """Every draw lands inside any exploration share: a route that explores at all explores now."""
+
+    def random(self) -> float:
+        return 0.0
+
+
 def test_exhausted_budget_falls_back_to_a_cheaper_backend_or_rejects(
     make_gateway: MakeGateway, upstreams: Upstreams
 ) -> None:
     # The paid API is the only priced candidate at first; the A100 pool has no throughput measured
     # or assumed yet, so it is predicted to cost nothing and is the cheaper fallback.
+    # Exploration is off: an exploration draw (2% by default) would send `strict` to the A100, which
+    # fits the budget, and answer 200 (this test's old flake). The rng below would always explore.
     routes = """
   strict:
     backends: [paid-api, a100-llamacpp]
     budgets: {per_day_usd: 0.0001, on_exhausted: reject}
+    exploration: 0
   thrifty:
     backends: [paid-api, a100-llamacpp]
     budgets: {per_day_usd: 0.0001, on_exhausted: fallback_cheaper}
+    exploration: 0
 """
-    gateway = make_gateway(routes)
+    gateway = make_gateway(routes, rng=AlwaysExplore())
     strict = chat(gateway, "strict", max_tokens=MAX_TOKENS)
     assert strict.status_code == 429
     assert strict.json()["error"]["code"] == "budget_exhausted"

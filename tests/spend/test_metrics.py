@@ -4,8 +4,10 @@ exposition passes `promtool check metrics`."""
 from __future__ import annotations
 
 import json
+import platform
 import shutil
 import subprocess
+from importlib.metadata import version
 from pathlib import Path
 
 import httpx
@@ -207,3 +209,13 @@ def test_exposition_passes_promtool(make_gateway: MakeGateway, tmp_path: Path) -
     )
     assert checked.returncode == 0, checked.stdout + checked.stderr
     assert checked.stdout.strip() == "" and checked.stderr.strip() == "", "promtool's linter has remarks"
+
+
+def test_health_and_metrics_say_which_version_runs(make_gateway: MakeGateway) -> None:
+    gateway = make_gateway()
+    installed = version("gateway")
+    health = httpx.get(gateway.url + "/health")
+    assert health.json() == {"status": "ok", "version": installed}
+    exposition = httpx.get(gateway.url + "/metrics").text
+    python = platform.python_version()
+    assert f'gateway_build_info{{python="{python}",version="{installed}"}} 1.0' in exposition.splitlines()

@@ -6,6 +6,7 @@ from __future__ import annotations
 import csv
 import io
 import json
+import os
 import subprocess
 import time
 from pathlib import Path
@@ -13,6 +14,9 @@ from typing import Any
 
 import pytest
 
+from gateway.ledger_location import LEDGER_ENV, resolve_ledger
+from gateway.policy.compiled import CompiledPolicy
+from gateway.policy.load import load_policy
 from gateway.spend import parse_since
 from tests.servers import python_module
 
@@ -26,9 +30,18 @@ ROUTES = """
 """
 
 
-def spend(*args: str) -> subprocess.CompletedProcess[str]:
+def spend(
+    *args: str, cwd: Path | None = None, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
+    environ = {k: v for k, v in os.environ.items() if k != LEDGER_ENV} | (env or {})
     return subprocess.run(
-        python_module("gateway", "spend", *args), capture_output=True, text=True, check=False, timeout=60
+        python_module("gateway", "spend", *args),
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=60,
+        cwd=cwd,
+        env=environ,
     )
 
 
@@ -106,3 +119,42 @@ def test_a_window_with_no_requests_is_an_empty_report(traffic: Path) -> None:
     result = spend("--ledger", str(traffic), "--since", "2999-01-01", "--format", "json")
     assert result.returncode == 0
     assert json.loads(result.stdout)["rows"] == []
+
+
+def test_the_ledger_is_found_as_serve_finds_it_from_any_folder_and_named(
+    traffic: Path, tmp_path: Path
+) -> None:
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    policy = tmp_path / "policy.yaml"  # its ledger.path is where the gateway wrote `traffic`
+    by_policy = spend("--policy", str(policy), "--format", "json", cwd=elsewhere)
+    assert by_policy.returncode == 0, by_policy.stderr
+    assert by_policy.stderr == f"ledger: {traffic} (from ledger.path of {policy})\n"
+    report = json.loads(by_policy.stdout)
+    assert report["ledger"] == str(traffic) and sum(r["requests"] for r in report["rows"]) == 3
+
+    by_env = spend(cwd=elsewhere, env={LEDGER_ENV: str(traffic)})
+    assert by_env.returncode == 0 and by_env.stderr == f"ledger: {traffic} (from ${LEDGER_ENV})\n"
+    assert by_env.stdout.splitlines()[0].endswith(f", from {traffic}"), "the table names it too"
+    by_flag = spend("--ledger", str(traffic), cwd=elsewhere, env={LEDGER_ENV: "/nonexistent.sqlite3"})
+    assert by_flag.returncode == 0 and by_flag.stderr == f"ledger: {traffic} (from --ledger)\n"
+
+    # No flag, no env, the default policy: its relative ledger.path, in this folder, which has none.
+    missing = spend(cwd=elsewhere)
+    assert missing.returncode == 2 and missing.stdout == ""
+    assert f"no ledger at {elsewhere / 'var' / 'ledger.sqlite3'} (from ledger.path of " in missing.stderr
+
+
+def test_serve_and_spend_resolve_one_way(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    default = Path(__file__).resolve().parents[2] / "policies" / "default.yaml"
+
+    def policy() -> CompiledPolicy:
+        return load_policy(default)
+
+    def no_policy() -> CompiledPolicy:
+        raise AssertionError("the flag or the environment is enough; no policy is read")
+
+    assert resolve_ledger(None, policy, {}).path == tmp_path / "var" / "ledger.sqlite3"
+    assert resolve_ledger(None, no_policy, {LEDGER_ENV: "spent.db"}).path == tmp_path / "spent.db"
+    assert resolve_ledger("flag.db", no_policy, {LEDGER_ENV: "spent.db"}).path == tmp_path / "flag.db"
