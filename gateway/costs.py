@@ -27,6 +27,7 @@ PRIOR_OUTPUT_TOKENS: Mapping[Thinking, float] = MappingProxyType(
 class Cost:
     usd: float
     basis: str  # "per_token", "gpu_hours_amortized" or "gpu_hours_unmeasured"
+    prefill_usd: float = 0.0  # a pool's share of ``usd`` for processing the prompt
 
 
 def pool_usd_per_token(usd_per_hour: float, tokens_per_s: float) -> float:
@@ -56,11 +57,27 @@ def pool_tokens_per_s(backend: CompiledBackend, aggregate_tokens_per_s: float | 
     return backend.pool_price.assumed_tokens_per_s if backend.pool_price is not None else None
 
 
-def attempt_cost(backend: CompiledBackend, usage: Usage, aggregate_tokens_per_s: float | None) -> Cost:
+def pool_prefill_tokens_per_s(backend: CompiledBackend, measured: float | None) -> float:
+    """A pool's prompt-processing speed: measured on long prompts, else the policy's prior."""
+    return measured if measured is not None and measured > 0 else backend.prior_prefill_tokens_per_s
+
+
+def pool_usd_per_prompt_token(usd_per_hour: float, prefill_tokens_per_s: float) -> float:
+    """The GPU time one uncached prompt token holds the pool for, at the pool's hourly price."""
+    return usd_per_hour / (prefill_tokens_per_s * SECONDS_PER_HOUR)
+
+
+def attempt_cost(
+    backend: CompiledBackend,
+    usage: Usage,
+    aggregate_tokens_per_s: float | None,
+    prefill_tokens_per_s: float | None = None,
+) -> Cost:
     """The cost of one finished attempt; reasoning tokens are part of completion tokens, billed once.
 
     A GPU-hour pool charges the attempt its time share of the pool: the hour's price times the
-    seconds the pool, at its measured aggregate speed, spent producing this attempt's tokens.
+    seconds the pool spent on it, prefill (uncached prompt tokens at its measured prefill speed)
+    plus decode (output tokens at its measured aggregate speed). A long prompt is not free on a GPU.
     """
     prices = backend.token_prices
     if prices is not None:
@@ -80,9 +97,11 @@ def attempt_cost(backend: CompiledBackend, usage: Usage, aggregate_tokens_per_s:
     if tokens_per_s is None:
         # Nothing measured and nothing assumed: the ledger's idle remainder will hold this spend.
         return Cost(0.0, "gpu_hours_unmeasured")
-    return Cost(
-        usage.completion_tokens * pool_usd_per_token(pool.usd_per_hour, tokens_per_s), "gpu_hours_amortized"
-    )
+    uncached = max(0, usage.prompt_tokens - usage.cached_prompt_tokens)
+    prefill_rate = pool_prefill_tokens_per_s(backend, prefill_tokens_per_s)
+    prefill = uncached * pool_usd_per_prompt_token(pool.usd_per_hour, prefill_rate)
+    decode = usage.completion_tokens * pool_usd_per_token(pool.usd_per_hour, tokens_per_s)
+    return Cost(prefill + decode, "gpu_hours_amortized", prefill)
 
 
 def effective_usd_per_mtok(backend: CompiledBackend, aggregate_tokens_per_s: float | None) -> float | None:
@@ -113,7 +132,10 @@ CostRates = tuple[float, float | None]  # USD per prompt token, per output token
 
 
 def cost_rates(
-    backend: CompiledBackend, usd_per_mtok_out: float | None, marginal_headroom: bool
+    backend: CompiledBackend,
+    usd_per_mtok_out: float | None,
+    marginal_headroom: bool,
+    prefill_tokens_per_s: float | None = None,
 ) -> CostRates:
     """What sending a request to ``backend`` now costs per prompt token and per output token, given its
     effective output price (``effective_usd_per_mtok``). With marginal accounting a pool that has
@@ -125,7 +147,11 @@ def cost_rates(
     pool = backend.pool_price
     if pool is not None and pool.accounting == "marginal" and marginal_headroom:
         return 0.0, 0.0
-    return 0.0, None if usd_per_mtok_out is None else per_token(usd_per_mtok_out)
+    per_prompt = 0.0
+    if pool is not None:
+        prefill_rate = pool_prefill_tokens_per_s(backend, prefill_tokens_per_s)
+        per_prompt = pool_usd_per_prompt_token(pool.usd_per_hour, prefill_rate)
+    return per_prompt, None if usd_per_mtok_out is None else per_token(usd_per_mtok_out)
 
 
 def expected_cost(rates: CostRates, prompt_tokens: int, predicted_output_tokens: float) -> float | None:

@@ -17,6 +17,7 @@ Messages never carry backend URLs or credentials: they name backends by their po
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import orjson
@@ -91,6 +92,22 @@ class NoRouteAvailable(GatewayError):
     status = 503
     type = "service_unavailable"
     code = "no_backend_available"
+
+
+class BackendsBusy(GatewayError):
+    """Every candidate stayed full or rate-limited for as long as the route lets a request wait:
+    backpressure, so the client is told when to come back instead of being failed."""
+
+    status = 429
+    type = "rate_limit_error"
+    code = "backends_busy"
+
+    def __init__(self, message: str, *, retry_after_s: float) -> None:
+        super().__init__(message)
+        self.retry_after = str(max(1, math.ceil(retry_after_s)))
+
+    def headers(self) -> dict[str, str]:
+        return {"retry-after": self.retry_after}
 
 
 class UpstreamError(GatewayError):

@@ -18,7 +18,8 @@ CIRCUIT_STATE_CODES: Mapping[CircuitState, int] = MappingProxyType({"closed": 0,
 def is_backend_failure(attempt: Attempt) -> bool | None:
     """True when the backend failed, False when it answered, None when the attempt says nothing of it.
 
-    A 4xx other than 429 is the client's fault (bad request, context too long): the backend is alive.
+    A 4xx is the client's fault (bad request, context too long): the backend is alive. A 429 says
+    nothing of its health either: it is backpressure (``LiveStats.pause``).
     A client that hangs up tells us nothing about the backend.
     """
     status = attempt.status
@@ -26,8 +27,10 @@ def is_backend_failure(attempt: Attempt) -> bool | None:
         return False
     if status == "cancelled":
         return None
+    if status == "upstream_error" and attempt.http_status == 429:
+        return None  # a rate limit is backpressure: the backend pauses until Retry-After instead
     if status == "upstream_error" and attempt.http_status is not None:
-        return attempt.http_status >= 500 or attempt.http_status == 429
+        return attempt.http_status >= 500
     return True
 
 

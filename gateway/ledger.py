@@ -18,7 +18,7 @@ from gateway.observation import Observation
 
 log = logging.getLogger("gateway.ledger")
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 # Bounded so a ledger that cannot write (full disk) costs memory up to a limit, then drops the oldest.
 MAX_PENDING_ROWS = 200_000
 
@@ -53,10 +53,15 @@ class LedgerRow(NamedTuple):
     error_type: str | None
     attempts: int
     decision_reason: str | None
+    # Schema 2: what the request used and went through.
+    prefill_cost_usd: float | None = None  # a pool's share of cost_usd for processing the prompt
+    queued_s: float = 0.0  # seconds waiting in the route's queue for a free or unpaused candidate
+    attempt_log: str = ""  # each attempt, in order: "backend:status[:http_status]" joined by ";"
+    probe: bool = False  # a synthetic probe of the gateway's own, billed to no route or key
 
 
 COLUMNS: tuple[str, ...] = LedgerRow._fields
-_CREATE = f"""
+_CREATE = """
 CREATE TABLE IF NOT EXISTS requests (
     id INTEGER PRIMARY KEY,
     time REAL NOT NULL, request_id TEXT NOT NULL, api_key_name TEXT, route TEXT NOT NULL,
@@ -65,12 +70,23 @@ CREATE TABLE IF NOT EXISTS requests (
     completion_tokens INTEGER NOT NULL, reasoning_tokens INTEGER NOT NULL, usage_source TEXT,
     cost_usd REAL NOT NULL, cost_basis TEXT, reserved_usd REAL,
     ttft_s REAL, first_answer_s REAL, decode_tokens_per_s REAL, duration_s REAL,
-    status TEXT NOT NULL, error_type TEXT, attempts INTEGER NOT NULL, decision_reason TEXT
+    status TEXT NOT NULL, error_type TEXT, attempts INTEGER NOT NULL, decision_reason TEXT,
+    prefill_cost_usd REAL, queued_s REAL NOT NULL DEFAULT 0, attempt_log TEXT NOT NULL DEFAULT '',
+    probe INTEGER NOT NULL DEFAULT 0
 );
 CREATE INDEX IF NOT EXISTS requests_time ON requests (time);
-PRAGMA user_version = {SCHEMA_VERSION};
 """
+# Columns added after schema 1, for ledgers written by an older gateway.
+_ADDED_COLUMNS = (
+    ("prefill_cost_usd", "REAL"),
+    ("queued_s", "REAL NOT NULL DEFAULT 0"),
+    ("attempt_log", "TEXT NOT NULL DEFAULT ''"),
+    ("probe", "INTEGER NOT NULL DEFAULT 0"),
+)
 _INSERT = f"INSERT INTO requests ({', '.join(COLUMNS)}) VALUES ({', '.join('?' * len(COLUMNS))})"
+# Synthetic probes (gateway/probes.py) go to their own table with the same columns: they are the
+# gateway's own traffic, billed to no route or key, so spend reports over ``requests`` never see them.
+_INSERT_PROBE = _INSERT.replace("INSERT INTO requests", "INSERT INTO probes", 1)
 
 
 def row_of(
@@ -112,6 +128,18 @@ def row_of(
         observation.error_type,
         len(observation.attempts),
         observation.decision_reason,
+        observation.prefill_cost_usd,
+        observation.queued_s,
+        attempt_log(observation),
+        observation.endpoint == "probe",
+    )
+
+
+def attempt_log(observation: Observation) -> str:
+    """Every attempt of a request in one short string, e.g. "paid-api:upstream_error:503;b300:ok"."""
+    return ";".join(
+        f"{a.backend}:{a.status}" + ("" if a.http_status is None else f":{a.http_status}")
+        for a in observation.attempts
     )
 
 
@@ -126,6 +154,7 @@ def connect(path: Path, *, readonly: bool = False) -> sqlite3.Connection:
         # Durable across a crash of this process (not of the machine), at a fraction of FULL's fsyncs.
         conn.execute("PRAGMA synchronous=NORMAL")
         conn.executescript(_CREATE)
+        _migrate(conn)
     return conn
 
 
@@ -142,6 +171,7 @@ class Ledger:
         self._batch_size = batch_size
         self._pending: deque[LedgerRow] = deque()
         self._batch: list[LedgerRow] = []  # being written now; kept and retried when a write fails
+        self._probes: deque[LedgerRow] = deque(maxlen=10_000)
         self._wake = threading.Event()
         self._stopping = False
         self._thread: threading.Thread | None = None
@@ -165,6 +195,10 @@ class Ledger:
         self.rows_appended += 1
         if len(pending) >= self._batch_size:
             self._wake.set()
+
+    def append_probe(self, row: LedgerRow) -> None:
+        """A synthetic probe's row, for the ``probes`` table (written with the next batch)."""
+        self._probes.append(row)
 
     async def start(self) -> None:
         """Open (and create) the database in the writer thread; raise here if it cannot be opened."""
@@ -214,6 +248,13 @@ class Ledger:
             conn.close()
 
     def _write_pending(self, conn: sqlite3.Connection) -> None:
+        probes = [self._probes.popleft() for _ in range(len(self._probes))]
+        if probes:
+            try:
+                with conn:
+                    conn.executemany(_INSERT_PROBE, probes)
+            except sqlite3.Error:
+                log.exception("ledger write of %d probe rows failed; they are dropped", len(probes))
         pending = self._pending
         while self._batch or pending:
             if not self._batch:
@@ -278,3 +319,14 @@ def spend_buckets(
 def earliest_time(conn: sqlite3.Connection) -> float | None:
     row = conn.execute("SELECT min(time) FROM requests").fetchone()
     return None if row is None or row[0] is None else float(row[0])
+
+
+def _migrate(conn: sqlite3.Connection) -> None:
+    """Bring a ledger an older gateway wrote up to this schema: columns are only ever added."""
+    present = {row[1] for row in conn.execute("PRAGMA table_info(requests)")}
+    for name, kind in _ADDED_COLUMNS:
+        if name not in present:
+            conn.execute(f"ALTER TABLE requests ADD COLUMN {name} {kind}")
+    conn.execute("CREATE TABLE IF NOT EXISTS probes AS SELECT * FROM requests WHERE 0")
+    conn.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
+    conn.commit()

@@ -41,6 +41,9 @@ class Attempt:
     # Text-bearing chunks seen; decode speed is measured over these.
     token_chunks: int = 0
     usage: Usage | None = None
+    probe: bool = False  # a synthetic request of the gateway's own (gateway/probes.py), not a user's
+    # Seconds the request waited in its route's queue before this attempt (gateway/waiting.py).
+    queued_s: float = 0.0
 
     @property
     def decode_tokens_per_s(self) -> float | None:
@@ -81,6 +84,8 @@ class Observation:
     cost_usd: float | None = None  # settled, summed over attempts
     cost_basis: str | None = None
     expected_cost_usd: float | None = None  # what the decision predicted for the chosen backend
+    prefill_cost_usd: float | None = None  # the prompt-processing share of ``cost_usd`` (pools)
+    queued_s: float = 0.0  # seconds spent waiting for a free or unpaused candidate
 
     @property
     def final(self) -> Attempt | None:

@@ -33,6 +33,7 @@ from gateway.exchange import ClientRequest, Exchange
 from gateway.observation import Attempt, Observation
 from gateway.runtime import Runtime
 from gateway.streaming import StreamMeter, StreamRelay
+from gateway.waiting import worth_waiting
 
 log = logging.getLogger("gateway")
 
@@ -90,9 +91,11 @@ async def answer(exchange: Exchange, request: Request, receive: Receive) -> Resp
     observation.decision_reason = decision.reason
     observation.expected_cost_usd = decision.expected_cost_usd
     if not decision.order:
-        raise NoRouteAvailable(
-            f"route '{client.route.name}' has no backend to take this request: {decision.reason}"
-        )
+        if not worth_waiting(decision):
+            raise NoRouteAvailable(
+                f"route '{client.route.name}' has no backend to take this request: {decision.reason}"
+            )
+        await runtime.wait_for_candidate(exchange)  # every candidate full or rate-limited: wait
     order = await runtime.admit(exchange)
     return await attempt_in_order(exchange, client, observation, order)
 
@@ -111,6 +114,8 @@ async def attempt_in_order(
         if observation.attempts and not runtime.allows(name):
             continue
         backend = exchange.policy.backends[name]
+        if failure is not None:  # the answer will say it came from a fallback, and why
+            observation.decision_reason = f"fallback_after_{failure.kind}"
         attempt = exchange.begin_attempt(name)
         path, body = exchange.door.upstream_path, upstream_body(client, backend.model)
         try:
@@ -124,9 +129,22 @@ async def attempt_in_order(
             attempt.status = "timeout" if exc.kind == "timeout" else "upstream_error"
             attempt.error, attempt.http_status = exc.message, exc.http_status
             exchange.end_attempt()
+            log.warning(
+                "upstream %s failed: %s (status %s, request %s)",
+                name,
+                exc.kind,
+                exc.http_status,
+                exchange.request_id,
+            )
             if exc.client_fault is not None:
                 exchange.fail("upstream_rejected_request")
                 raise exc.client_fault from None
+            if exc.http_status == 429:
+                runtime.rate_limited(name, exc.retry_after)
+    if failure is not None and failure.http_status == 429:
+        # Backpressure: wait for a free candidate within the route's bound (else 429, never 502).
+        order = await runtime.wait_for_candidate(exchange)
+        return await attempt_in_order(exchange, client, observation, order)
     exchange.fail("upstream_failed")
     raise final_error(failure, len(observation.attempts))
 
@@ -218,7 +236,10 @@ def response_headers(exchange: Exchange, content_type: str) -> list[tuple[bytes,
         (b"x-gateway-route", observation.route.encode()),
         (b"x-gateway-backend", (observation.backend or "").encode()),
         (b"x-gateway-decision", (observation.decision_reason or "").encode()),
+        (b"x-gateway-attempts", str(len(observation.attempts)).encode()),
     ]
+    if observation.queued_s > 0:
+        headers.append((b"x-gateway-queued-s", f"{observation.queued_s:.3f}".encode()))
     # Settled cost when known (non-streaming); before a stream ends, the decision's estimate.
     settled = observation.cost_usd is not None
     cost = observation.cost_usd if settled else observation.expected_cost_usd

@@ -34,11 +34,14 @@ from gateway.metrics import GatewayMetrics
 from gateway.observation import Attempt, Observation
 from gateway.policy.compiled import CompiledPolicy, CompiledRoute
 from gateway.policy.decide import Decision, DecisionMemo, RequestFeatures, decide
+from gateway.probes import Prober
 from gateway.ratelimit import RateLimits
+from gateway.routing_metrics import RoutingCollector
 from gateway.signals import SignalScraper
 from gateway.spend import SpendTally, seed_tally
 from gateway.stats import AttemptTicket, BackendView, LiveStats
 from gateway.store import open_store
+from gateway.waiting import WaitingRoom, retry_after_seconds
 
 log = logging.getLogger("gateway")
 
@@ -113,7 +116,10 @@ class Runtime:
         if self.store.shared:
             interval = self.policy.store.sync_interval_s
             self.fleet = Fleet(self.stats, self.store, lambda: self.policy, clock, interval)
+        self.waiting = WaitingRoom(clock)
+        self.probes = Prober(self)
         self.metrics = GatewayMetrics(self)
+        self.metrics.registry.register(RoutingCollector(self))
         # Called with each settled request, after the ledger and metrics (the demo prints a line).
         self.request_listeners: list[Callable[[Observation], None]] = []
 
@@ -126,6 +132,7 @@ class Runtime:
         await self._start_spend()
         self.scraper.set_backends(self.policy.backends)
         await self.scraper.start()
+        self.probes.set_backends(self.policy.backends)
         watch = getattr(self.policy_source, "watch", None)
         subscribe = getattr(self.policy_source, "subscribe", None)
         loop = asyncio.get_running_loop()
@@ -133,12 +140,14 @@ class Runtime:
             # A reload may run in a worker thread (POST /admin/policy/reload): the scraper's loops
             # belong to the event loop, so the change is handed over to it.
             subscribe(lambda policy: loop.call_soon_threadsafe(self.scraper.set_backends, policy.backends))
+            subscribe(lambda policy: loop.call_soon_threadsafe(self.probes.set_backends, policy.backends))
             subscribe(lambda policy: self.metrics.policy_installed(self.wall_clock()))
         if watch is not None:
             self._tasks.append(loop.create_task(watch(self._policy_poll_s)))
         if self.fleet is not None:
             self._tasks.append(loop.create_task(self.fleet.run()))
         self._tasks.extend(loop.create_task(task) for task in self.metrics.background())
+        self._tasks.append(loop.create_task(self.probes.run()))
 
     async def close(self) -> None:
         for task in self._tasks:
@@ -146,6 +155,7 @@ class Runtime:
         for task in self._tasks:
             with contextlib.suppress(asyncio.CancelledError):
                 await task
+        await self.probes.close()
         await self.scraper.stop()
         await self.backends.close()
         # Last: uvicorn has already drained in-flight requests, so every row is in the queue by now.
@@ -211,15 +221,19 @@ class Runtime:
         observation = exchange.observation
         assert observation is not None
         self.stats.attempt_finished(ticket, attempt, observation.route)
+        self.waiting.notify()
         if self.fleet is not None:
             self.fleet.attempt_finished(attempt, observation.route)
         backend = exchange.policy.backends[attempt.backend]
         if attempt.usage is not None:
+            view = self.stats.view(attempt.backend)
             cost = attempt_cost(
-                backend, attempt.usage, self.stats.view(attempt.backend).aggregate_tokens_per_s
+                backend, attempt.usage, view.aggregate_tokens_per_s, view.prefill_tokens_per_s
             )
             observation.cost_usd = (observation.cost_usd or 0.0) + cost.usd
             observation.cost_basis = cost.basis
+            if backend.pool_price is not None:
+                observation.prefill_cost_usd = (observation.prefill_cost_usd or 0.0) + cost.prefill_usd
 
     def error_returned(self, error: GatewayError) -> None:
         origin = "upstream" if isinstance(error, (UpstreamError, UpstreamClientError)) else "gateway"
@@ -241,6 +255,36 @@ class Runtime:
             raise self.rate_limits.refused(verdict, charges, observation.api_key_name or "")
         exchange.tokens = self.rate_limits.held(charges, verdict)
         return order
+
+    def rate_limited(self, backend: str, retry_after: str | None) -> None:
+        """An upstream 429: pause ``backend`` until its Retry-After (backpressure, not a failure)."""
+        self.stats.pause(backend, self.clock() + retry_after_seconds(retry_after, self.wall_clock()))
+
+    async def wait_for_candidate(self, exchange: Exchange) -> tuple[str, ...]:
+        """No candidate can take the request now (all full or rate-limited): wait in the route's queue
+        for the first that frees, within the route's bound; past it ``BackendsBusy`` (429)."""
+        client, observation = exchange.client, exchange.observation
+        assert client is not None and observation is not None
+        route, policy = client.route, exchange.policy
+
+        def redecide() -> Decision:
+            return self.decide(policy, route, client.prompt_tokens, client.max_tokens, client.stream)
+
+        def retry_after_s() -> float:
+            paused = [self.stats.paused_for(name) for name in route.backends]
+            return min((p for p in paused if p > 0), default=1.0)
+
+        decision, waited = await self.waiting.wait(
+            route,
+            exchange.started_at + route.fallback.deadline_s,
+            route.waiting.max_wait_s - observation.queued_s,
+            redecide,
+            retry_after_s,
+        )
+        observation.queued_s += waited
+        exchange.decision = decision
+        observation.decision_reason = f"{decision.reason}_after_wait"
+        return decision.order
 
     async def _start_spend(self) -> None:
         await self.ledger.start()

@@ -14,6 +14,7 @@ from gateway.observation import Attempt
 from gateway.signals import LoadSignals
 
 _NO_ROUTES: Mapping[str, float] = MappingProxyType({})
+PREFILL_MIN_TOKENS = 1000  # uncached prompt tokens from which an attempt's TTFT measures prefill speed
 
 
 class DecayedSamples:
@@ -39,6 +40,14 @@ class DecayedSamples:
         self._values[self._next] = value
         self._times[self._next] = at
         self._next = (self._next + 1) % self._window
+
+    def forget_before(self, at: float) -> None:
+        """Drop every sample older than ``at`` (a slow spell that probes showed is over)."""
+        kept = [(t, v) for t, v in zip(self._times, self._values, strict=True) if t >= at]
+        self._times = [t for t, _ in kept]
+        self._values = [v for _, v in kept]
+        if len(kept) < self._window:
+            self._next = 0  # not full any more: new samples are appended again
 
     def quantiles(self, *qs: float) -> tuple[float, ...] | None:
         if not self._values:
@@ -118,6 +127,11 @@ class BackendView:
     healthy: bool = True
     booting: bool = False
     signals: LoadSignals | None = None  # None when never scraped or stale
+    paused_until: float | None = None  # an upstream 429's Retry-After: no attempt before then
+    prefill_tokens_per_s: float | None = None  # prompt tokens processed per second (long prompts)
+    probes: int = 0  # synthetic probes this backend has answered (gateway/probes.py)
+    last_probe_at: float | None = None
+    last_user_sample_at: float | None = None  # the newest TTFT sample of a user's request
     completion_tokens_by_route: Mapping[str, float] = field(default_factory=lambda: _NO_ROUTES)
 
     def learned_completion_tokens(self, route: str) -> float | None:
@@ -139,6 +153,13 @@ class _BackendStats:
         self.errors = DecayedMean(half_life)
         self.timeouts = DecayedMean(half_life)
         self.signal_running = DecayedMean(half_life)
+        self.prefill_tps = DecayedMean(half_life)
+        self.paused_until: float | None = None
+        self.probes = 0
+        self.last_probe_at: float | None = None
+        self.last_user_sample_at: float | None = None
+        self.recovering_since: float | None = None  # first of the fast probes in a row
+        self.fast_probes = 0
         self.completion_tokens: dict[str, DecayedMean] = {}
         self.healthy = True
         self.booting = False
@@ -146,6 +167,7 @@ class _BackendStats:
         self.last_sample_at: float | None = None
         # In-flight accounting: an exact running integral, and a decayed one over busy time only.
         self.inflight = 0
+        self.probing = 0  # of ``inflight``, synthetic probes: they hold a slot but decode nothing
         self.remote_inflight = 0  # other replicas' attempts in flight, as they last said
         self.inflight_seconds = 0.0
         self.busy_area = 0.0
@@ -169,7 +191,7 @@ class _BackendStats:
         decay = 0.5 ** (elapsed / self.owner.half_life_s)
         self.busy_area *= decay
         self.busy_time *= decay
-        fleet = self.inflight + self.remote_inflight
+        fleet = self.inflight - self.probing + self.remote_inflight
         if fleet > 0:
             self.busy_area += fleet * elapsed
             self.busy_time += elapsed
@@ -185,6 +207,8 @@ class _BackendStats:
             self.ttft.add(now, ttft)
             self.last_sample_at = now
             self.samples_pending = True
+            if not attempt.probe:
+                self.last_user_sample_at = now
         if first_answer is not None:
             self.first_answer.add(now, first_answer)
             self.samples_pending = True
@@ -192,7 +216,16 @@ class _BackendStats:
         if failed is not None:
             self.errors.add(now, 1.0 if failed else 0.0)
             self.timeouts.add(now, 1.0 if attempt.status == "timeout" else 0.0)
+        if attempt.probe:
+            self.probes += 1
+            self.last_probe_at = now
+            return  # a one-token probe teaches TTFT and health, not speeds or output lengths
         if attempt.status == "ok":
+            usage = attempt.usage
+            if usage is not None and ttft is not None and ttft > 0:
+                uncached = usage.prompt_tokens - usage.cached_prompt_tokens
+                if uncached >= PREFILL_MIN_TOKENS:  # short prompts: TTFT is mostly overhead
+                    self.prefill_tps.add(now, uncached / ttft)
             tps = attempt.decode_tokens_per_s
             if tps is not None:
                 self.decode_tps.add(now, tps)
@@ -211,7 +244,7 @@ class _BackendStats:
         if elapsed > 0:
             decay = 0.5 ** (elapsed / self.owner.half_life_s)
             area, busy = area * decay, busy * decay
-            fleet = self.inflight + self.remote_inflight
+            fleet = self.inflight - self.probing + self.remote_inflight
             if fleet > 0:
                 area += fleet * elapsed
                 busy += elapsed
@@ -260,6 +293,13 @@ class _BackendStats:
             healthy=self.healthy,
             booting=self.booting,
             signals=signals,
+            paused_until=self.paused_until
+            if self.paused_until is not None and self.paused_until > now
+            else None,
+            prefill_tokens_per_s=self.prefill_tps.value,
+            probes=self.probes,
+            last_probe_at=self.last_probe_at,
+            last_user_sample_at=self.last_user_sample_at,
             completion_tokens_by_route=MappingProxyType(
                 {
                     route: mean.value
@@ -275,6 +315,8 @@ class _BackendStats:
         half_open_at = self.breaker.half_open_at
         if half_open_at is not None and half_open_at > now:
             next_check = min(next_check, half_open_at)
+        if self.paused_until is not None and self.paused_until > now:
+            next_check = min(next_check, self.paused_until)
         if self.samples_pending:
             next_check = min(next_check, self.summarized_at + refresh_s)
         if self.inflight + self.remote_inflight > 0:
@@ -313,11 +355,12 @@ class LiveStats:
             stats = self._backends[backend] = _BackendStats(backend, self, self._make_breaker(self.clock))
         return stats
 
-    def attempt_started(self, backend: str) -> AttemptTicket:
+    def attempt_started(self, backend: str, *, probe: bool = False) -> AttemptTicket:
         stats = self._stats(backend)
         now = self.clock()
         stats.integrate(now)
         stats.inflight += 1
+        stats.probing += probe
         stats.changed = True
         return AttemptTicket(backend, now, probe=stats.breaker.attempt_started())
 
@@ -376,7 +419,50 @@ class LiveStats:
     def allows_request(self, backend: str) -> bool:
         """Check before each fallback attempt: a circuit may have opened since the decision."""
         stats = self._stats(backend)
-        return stats.healthy and not stats.booting and stats.breaker.allows_request()
+        paused = stats.paused_until is not None and stats.paused_until > self.clock()
+        return stats.healthy and not stats.booting and not paused and stats.breaker.allows_request()
+
+    def pause(self, backend: str, until: float) -> None:
+        """An upstream rate limit: no attempt goes to ``backend`` before ``until`` (its Retry-After).
+        Backpressure, not failure: the circuit breaker never sees it."""
+        stats = self._stats(backend)
+        if stats.paused_until is None or until > stats.paused_until:
+            stats.paused_until = until
+            stats.changed = True
+
+    def paused_for(self, backend: str) -> float:
+        """Seconds until ``backend``'s rate limit pause ends; 0 when it is not paused."""
+        until = self._stats(backend).paused_until
+        return 0.0 if until is None else max(0.0, until - self.clock())
+
+    def recovering(self, backend: str) -> bool:
+        """Whether probes have begun to show a recovery that is not confirmed yet."""
+        return self._stats(backend).fast_probes > 0
+
+    def probe_finished(
+        self, ticket: AttemptTicket, attempt: Attempt, recovery_probes: int, ratio: float
+    ) -> None:
+        """A synthetic probe ended. After ``recovery_probes`` in a row faster than ``ratio`` times the
+        measured median TTFT, the samples from before them (a slow spell, now over) stop counting."""
+        stats = self._stats(ticket.backend)
+        stats.integrate(self.clock())
+        stats.probing = max(0, stats.probing - 1)
+        self.attempt_finished(ticket, attempt, "")
+        median = stats.quantiles[0]
+        ttft = attempt.ttft_s
+        if attempt.status != "ok" or ttft is None or median is None or ttft > median * ratio:
+            stats.recovering_since, stats.fast_probes = None, 0
+            stats.changed = True
+            return
+        if stats.recovering_since is None:
+            stats.recovering_since = self.clock()
+        stats.fast_probes += 1
+        if stats.fast_probes >= recovery_probes:
+            stats.ttft.forget_before(stats.recovering_since - 1e-9)
+            stats.first_answer.forget_before(stats.recovering_since - 1e-9)
+            stats.summarized_at = -math.inf
+            stats.samples_pending = True
+            stats.recovering_since, stats.fast_probes = None, 0
 
     def circuit(self, backend: str) -> CircuitBreaker:
         return self._stats(backend).breaker

@@ -24,6 +24,7 @@ from gateway.policy.schema import (
     Thinking,
     Timeouts,
     Tuning,
+    Waiting,
     WhenInfeasible,
 )
 
@@ -67,6 +68,8 @@ class CompiledBackend:
     # Completion tokens to expect before any are measured (tuning.prior_output_tokens by ``thinking``);
     # None: the built-in prior for its thinking mode.
     prior_output_tokens: float | None = None
+    # A pool's prompt-processing speed (tokens/s) until measured (tuning.prior_prefill_tokens_per_s).
+    prior_prefill_tokens_per_s: float = 10_000.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -80,6 +83,15 @@ class CompiledRoute:
     exploration: float
     description: str | None = None
     budgets: Budgets | None = None  # spending caps; read at admission, so a reload applies at once
+    waiting: Waiting = field(default_factory=Waiting)
+    admit_beyond_max_concurrency: bool = False
+
+    @property
+    def has_slo(self) -> bool:
+        slo = self.slo
+        return any(
+            v is not None for v in (slo.ttft_p95_ms, slo.first_answer_p95_ms, slo.min_decode_tokens_per_s)
+        )
 
 
 @dataclass(frozen=True, slots=True)

@@ -141,7 +141,7 @@ def decide(
         if known is not None and known[0] is view and known[1] is backend:
             standing = known[2]
         else:
-            standing = standing_of(backend, view, slo, route.name)
+            standing = standing_of(backend, view, slo, route.name, route.admit_beyond_max_concurrency)
             memo[(name, route.name)] = (view, backend, standing)
         rows.append((backend, view, standing))
         predicted = standing.default_output_tokens
@@ -176,7 +176,8 @@ def decide(
     keys.sort()
     order = [key[3] for key in keys[: route.fallback.max_attempts]]
     reason = _reason(keys[0][0] if keys else None, route)
-    if route.exploration > 0:
+    # A route with an SLO never explores with users' requests: probes keep its stats fresh.
+    if route.exploration > 0 and not route.has_slo:
         others = [i for i in eligible if not order or i != order[0]]
         if others and rng.random() < route.exploration:
             # Unmeasured first, then the least recently measured: avoided candidates take turns.

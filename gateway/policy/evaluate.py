@@ -114,10 +114,16 @@ def evaluate(req: RequestFeatures, backend: CompiledBackend, view: BackendView, 
     return evaluation(req, backend, view, slo, standing_of(backend, view, slo, req.route))
 
 
-def standing_of(backend: CompiledBackend, view: BackendView, slo: Slo, route: str) -> Standing:
+def standing_of(
+    backend: CompiledBackend, view: BackendView, slo: Slo, route: str, beyond_max: bool = False
+) -> Standing:
+    """``beyond_max``: the route may send past ``max_concurrency`` while the predicted TTFT (the
+    pool's queue included) still meets its TTFT SLO."""
     blocked_by = _blocked_by(backend, view)
     queued_ahead, queue_wait = predict_queue(backend, view)
     ttft = None if view.ttft_p95_s is None else view.ttft_p95_s + queue_wait
+    if beyond_max and blocked_by and _within(ttft, slo.ttft_p95_ms):
+        blocked_by = tuple(b for b in blocked_by if not b.startswith("at max concurrency"))
     first_answer = None if view.first_answer_p95_s is None else view.first_answer_p95_s + queue_wait
     decode = view.decode_tokens_per_s
     meets_ttft = _within(ttft, slo.ttft_p95_ms)
@@ -146,7 +152,7 @@ def standing_of(backend: CompiledBackend, view: BackendView, slo: Slo, route: st
         view.last_sample_at,
         learned,
         predict_output_tokens(prior_output_tokens(backend), learned, None),
-        cost_rates(backend, usd_per_mtok, headroom),
+        cost_rates(backend, usd_per_mtok, headroom, view.prefill_tokens_per_s),
     )
 
 
@@ -161,7 +167,7 @@ def evaluation(
     rates = (
         standing.rates
         if headroom == standing.marginal_headroom
-        else cost_rates(backend, standing.usd_per_mtok_out, headroom)
+        else cost_rates(backend, standing.usd_per_mtok_out, headroom, view.prefill_tokens_per_s)
     )
     return CandidateEval(
         backend.name,
@@ -214,6 +220,7 @@ def _blocked_by(backend: CompiledBackend, view: BackendView) -> tuple[str, ...]:
         and not view.booting
         and view.accepts_requests
         and view.inflight < backend.max_concurrency
+        and view.paused_until is None
     ):
         return ()  # the common case, kept free of string formatting
     blocked = []
@@ -221,6 +228,8 @@ def _blocked_by(backend: CompiledBackend, view: BackendView) -> tuple[str, ...]:
         blocked.append("booting" if view.booting else "unhealthy")
     if not view.accepts_requests:
         blocked.append("circuit open" if view.circuit == "open" else "circuit half_open, probe in flight")
+    if view.paused_until is not None:
+        blocked.append("paused by an upstream rate limit")
     if view.inflight >= backend.max_concurrency:
         blocked.append(f"at max concurrency {backend.max_concurrency}")
     return tuple(blocked)

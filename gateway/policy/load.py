@@ -74,7 +74,7 @@ def _compile(text: str, source: str, digest: str, environ: Env) -> CompiledPolic
     env = os.environ if environ is None else environ
     for name, backend in raw.backends.items():
         try:
-            backends[name] = _compile_backend(name, backend, env, raw.tuning.prior_output_tokens)
+            backends[name] = _compile_backend(name, backend, env, raw.tuning)
         except _BackendProblem as exc:
             problems.append(doc.problem(("backends", name, *exc.loc), exc.message))
         if backend.api_key_env is not None and name in backends and backends[name].api_key is None:
@@ -140,7 +140,7 @@ def _unused_backend_warnings(policy: schema.PolicyFile, doc: Document) -> list[P
 
 
 def _compile_backend(
-    name: str, backend: schema.Backend, environ: Mapping[str, str], priors: schema.PriorOutputTokens
+    name: str, backend: schema.Backend, environ: Mapping[str, str], tuning: schema.Tuning
 ) -> CompiledBackend:
     for field in ("metrics_url", "slots_url", "health_url"):
         url = getattr(backend.signals, field)
@@ -162,7 +162,8 @@ def _compile_backend(
         timeouts=backend.timeouts,
         api_key=environ.get(backend.api_key_env) or None if backend.api_key_env else None,
         price_source=price_source,
-        prior_output_tokens=getattr(priors, backend.thinking),
+        prior_output_tokens=getattr(tuning.prior_output_tokens, backend.thinking),
+        prior_prefill_tokens_per_s=tuning.prior_prefill_tokens_per_s,
     )
 
 
@@ -239,6 +240,8 @@ def _compile_route(name: str, r: schema.Route) -> CompiledRoute:
         exploration=r.exploration,
         description=r.description,
         budgets=r.budgets,
+        waiting=r.waiting,
+        admit_beyond_max_concurrency=r.admit_beyond_max_concurrency,
     )
 
 

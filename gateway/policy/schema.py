@@ -18,6 +18,7 @@ WhenInfeasible = Literal["fastest", "cheapest", "reject"]
 Accounting = Literal["amortized", "marginal"]
 OnBudgetExhausted = Literal["fallback_cheaper", "reject"]
 OnStoreFailure = Literal["fail_open", "fail_closed"]
+WaitOrder = Literal["fifo", "deadline"]
 BackendName = Annotated[str, Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$", max_length=64)]
 RouteName = Annotated[str, Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9._:/-]*$", max_length=128)]
 PositiveFloat = Annotated[float, Field(gt=0)]
@@ -110,6 +111,17 @@ class Fallback(Strict):
     deadline_s: PositiveFloat = 600.0
 
 
+class Waiting(Strict):
+    """When every candidate is full (max concurrency) or paused (rate-limited upstream), a request waits
+    here, bounded in time and count, and takes the first candidate that frees; past the bound it gets
+    429 with Retry-After."""
+
+    max_wait_s: NonNegativeFloat = 10.0  # 0: never wait
+    max_waiting: Annotated[int, Field(ge=0, le=100_000)] = 256
+    # Who goes first when a candidate frees: arrival order, or the nearest route deadline.
+    order: WaitOrder = "fifo"
+
+
 class Budgets(Strict):
     """Spending caps in USD (UTC day and month), counted from the ledger's cost of each request."""
 
@@ -132,9 +144,14 @@ class Route(Strict):
     when_infeasible: WhenInfeasible = "fastest"
     fallback: Fallback = Fallback()
     # Share of requests sent to a non-chosen healthy candidate to keep its measurements fresh.
+    # Only on routes without an SLO: routes with one keep their stats fresh with probes instead.
     exploration: Annotated[float, Field(ge=0, le=0.5)] = 0.02
     description: str | None = None
     budgets: Budgets | None = None
+    waiting: Waiting = Waiting()
+    # Send a request to a pool already at max_concurrency when its predicted TTFT (its own queue
+    # included) still meets the route's TTFT SLO: fill a pool to what its SLO allows.
+    admit_beyond_max_concurrency: bool = False
 
 
 class Server(Strict):
@@ -243,6 +260,22 @@ class PriorOutputTokens(Strict):
     none: PositiveFloat = 400.0
 
 
+class ProbeTuning(Strict):
+    """Small synthetic requests (one short prompt, ``max_tokens: 1``) that keep the stats of candidates
+    the routing avoids fresh, so a recovery is noticed without spending users' requests on it."""
+
+    # A candidate of a route with an SLO that has had no sample for this long is probed.
+    interval_s: PositiveFloat = 15.0
+    # Probe every healthy backend once at start-up and when a reload adds one.
+    on_start: bool = True
+    # Paid (per-token) backends are probed only within this spend per hour; pools only with headroom.
+    paid_budget_usd_per_hour: NonNegativeFloat = 0.05
+    # Consecutive probes this much faster than the backend's measured p50 TTFT show it recovered:
+    # the samples from the slow spell stop counting.
+    recovery_probes: Annotated[int, Field(ge=1, le=100)] = 2
+    recovery_ratio: Annotated[float, Field(gt=0, lt=1)] = 0.5
+
+
 class Tuning(Strict):
     """The numbers the gateway learns and judges with. The defaults suit most deployments; the circuit
     and stats settings are read at start-up, the priors and ``chars_per_token`` on every request."""
@@ -250,6 +283,9 @@ class Tuning(Strict):
     circuit: CircuitTuning = CircuitTuning()
     stats: StatsTuning = StatsTuning()
     prior_output_tokens: PriorOutputTokens = PriorOutputTokens()
+    probes: ProbeTuning = ProbeTuning()
+    # A pool's prompt-processing speed (tokens/s) until measured on prompts of 1,000+ tokens.
+    prior_prefill_tokens_per_s: PositiveFloat = 10_000.0
     # Characters per token, to estimate a prompt's tokens before sending (and usage nobody reported).
     chars_per_token: Annotated[float, Field(gt=0, le=100)] = 4.0
 

@@ -13,7 +13,7 @@ from gateway.policy.decide import Decision, RequestFeatures, decide
 from gateway.policy.schema import Slo
 from gateway.signals import LoadSignals
 from gateway.stats import BackendView, LiveStats
-from tests.unit.factories import FakeClock, api_backend, policy, pool_backend, route, serve
+from tests.unit.factories import FakeClock, api_backend, attempt, policy, pool_backend, route, serve
 
 REQUEST = RequestFeatures(route="kimi-k3", prompt_tokens=2000, max_tokens=None, stream=True)
 
@@ -196,7 +196,7 @@ def test_other_objectives(objective: str, chosen: str, reason: str) -> None:
 
 
 def test_exploration_takes_about_its_share_and_prefers_the_stalest_candidate() -> None:
-    pol, rt = _three_tier(exploration=0.02)
+    pol, rt = _three_tier(exploration=0.02, slo=Slo())  # exploration is for routes without an SLO
     views = _healthy_views()
     views["api"] = replace(views["api"], last_sample_at=900.0)  # measured longer ago than a100
     rng = random.Random(7)
@@ -209,7 +209,7 @@ def test_exploration_takes_about_its_share_and_prefers_the_stalest_candidate() -
 
 
 def test_same_inputs_give_the_same_decisions() -> None:
-    pol, rt = _three_tier(exploration=0.3)
+    pol, rt = _three_tier(exploration=0.3, slo=Slo())
     views = _healthy_views()
     first = [decide(REQUEST, rt, pol, views, rng) for rng in [random.Random(42)] for _ in range(200)]
     rng = random.Random(42)
@@ -222,7 +222,7 @@ def test_traffic_moves_off_a_slow_pool_and_back_after_it_recovers() -> None:
     """Requests served one after another in virtual time; a fault knob slows the pool's TTFT."""
     clock = FakeClock()
     stats = LiveStats(clock)
-    pol, rt = _three_tier(exploration=0.05)
+    pol, rt = _three_tier(exploration=0.05)  # ignored: the route has an SLO, probes measure instead
     rng = random.Random(1)
     ttft_by_backend = {"b300": 0.95, "a100": 8.0, "api": 0.6}
     speed_by_backend = {"b300": 92.0, "a100": 9.0, "api": 60.0}
@@ -251,6 +251,14 @@ def test_traffic_moves_off_a_slow_pool_and_back_after_it_recovers() -> None:
     assert share_of_pool(faulty) < 0.2
     assert faulty[-1].reason == "cheapest_within_slo" and faulty[-1].chosen == "api"
     assert faulty[-1].evals[0].why == ("ttft p95 6.0s > slo 3.0s",)
-    ttft_by_backend["b300"] = 0.95  # recovered: exploration brings fresh samples
+    assert not any(d.reason == "exploration" for d in faulty), "no user request is spent on learning"
+    ttft_by_backend["b300"] = 0.95  # recovered: two fast probes show it, and the slow spell is forgotten
+    for _ in range(2):
+        ticket = stats.attempt_started("b300")
+        done = attempt("b300", clock.now, ttft_s=0.95, tokens_per_s=92.0, completion_tokens=1)
+        done.probe = True
+        assert done.finished_at is not None
+        clock.now = done.finished_at
+        stats.probe_finished(ticket, done, recovery_probes=2, ratio=0.5)
     recovered = run(500)
     assert share_of_pool(recovered) > 0.8

@@ -93,7 +93,8 @@ def test_cancelled_probe_frees_the_probe_slot() -> None:
 
 def test_client_errors_are_not_backend_failures() -> None:
     assert is_backend_failure(attempt("b", 0.0, status="upstream_error", http_status=400)) is False
-    assert is_backend_failure(attempt("b", 0.0, status="upstream_error", http_status=429)) is True
+    # A rate limit is backpressure: it pauses the backend (LiveStats.pause), never opens its circuit.
+    assert is_backend_failure(attempt("b", 0.0, status="upstream_error", http_status=429)) is None
     assert is_backend_failure(attempt("b", 0.0, status="upstream_error", http_status=503)) is True
     assert is_backend_failure(attempt("b", 0.0, status="timeout")) is True
     assert is_backend_failure(attempt("b", 0.0, status="cancelled")) is None
