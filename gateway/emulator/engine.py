@@ -149,6 +149,10 @@ class Engine:
     def booting(self) -> bool:
         return self.now() < self._boot_s
 
+    def boot_for(self, emulated_s: float) -> None:
+        """Start a cold boot now (a restart): not ready for ``emulated_s`` emulated seconds."""
+        self._boot_s = self.now() + emulated_s
+
     # -- load ----------------------------------------------------------------------------------------
 
     @property

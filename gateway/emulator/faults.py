@@ -31,6 +31,9 @@ class Faults(BaseModel):
     omit_stream_usage: bool = False  # never send usage in streams
     continuous_usage: bool = False  # vLLM: cumulative usage on every frame
     reasoning_field: Literal["reasoning", "reasoning_content"] = "reasoning"  # vLLM: newer or older name
+    # Boot again, cold, for this many emulated seconds from now (health answers 503 meanwhile);
+    # acted on once when set, then cleared.
+    cold_boot_s: float | None = Field(None, gt=0.0)
 
     def merged(self, patch: Any) -> Faults:
         if not isinstance(patch, dict):

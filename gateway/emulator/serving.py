@@ -60,6 +60,9 @@ class Emulator:
         self._api_key = api_key if profile.dialect == "openai" else None
 
     def set_faults(self, faults: Faults) -> None:
+        if faults.cold_boot_s is not None:
+            self.engine.boot_for(faults.cold_boot_s)
+            faults = faults.model_copy(update={"cold_boot_s": None})
         self.faults = faults
         self.engine.set_slowdown(faults.slowdown)
 
