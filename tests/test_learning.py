@@ -177,7 +177,10 @@ async def test_a_rate_limited_api_in_front_of_full_pools_is_backpressure_not_fai
         answers = await fire(gateway, "patient", requests=40, concurrency=8, max_tokens=200)
         assert Counter(r.status_code for r in answers) == Counter({200: 40}), "nobody failed while waiting"
         waited = [r for r in answers if "x-gateway-queued-s" in r.headers]
-        assert waited and all(r.headers["x-gateway-decision"].endswith("_after_wait") for r in waited)
+        # The decision header says it waited (or, when the API's 429 came after the wait, the fallback).
+        said = [r.headers["x-gateway-decision"] for r in waited]
+        assert said and all(d.endswith("_after_wait") or d.startswith("fallback_after_") for d in said), said
+        assert any(d.endswith("_after_wait") for d in said)
         assert metric(gateway, "gateway_backend_circuit_state", backend="paid-api") == 0, (
             "429s open no circuit"
         )
