@@ -55,6 +55,7 @@ class Exchange:
         "door",
         "key",
         "observation",
+        "order",
         "policy",
         "request_id",
         "response_ended",
@@ -74,6 +75,7 @@ class Exchange:
         self.client: ClientRequest | None = None
         self.observation: Observation | None = None  # once the request names a route
         self.decision: Decision | None = None
+        self.order: tuple[str, ...] = ()  # the backends it may try, in order, once admitted
         self.budget: Reservation | None = None
         self.tokens: HeldTokens | None = None
         self.client_gone = False

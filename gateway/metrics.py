@@ -95,6 +95,13 @@ class GatewayMetrics:
             ["route", "reason"],
             registry=registry,
         )
+        self.resumed = Counter(
+            "gateway_streams_resumed",
+            "Streams a backend broke off that another one took over, by route and mode: 'continued' "
+            "from the answer so far, or 'restarted' (cut while thinking).",
+            ["route", "mode"],
+            registry=registry,
+        )
         self.upstream_errors = Counter(
             "gateway_upstream_errors",
             "Failed upstream attempts, by backend and type (http_5xx, http_429, timeout, dropped, ...).",
@@ -157,6 +164,8 @@ class GatewayMetrics:
 
     def _attempt(self, route: str, attempt: Attempt) -> None:
         backend = attempt.backend
+        if attempt.resumed is not None:
+            self._child(self.resumed, route, attempt.resumed).inc()
         fault = upstream_error_type(attempt)
         if fault is not None:
             self._child(self.upstream_errors, backend, fault).inc()

@@ -41,6 +41,9 @@ class Attempt:
     # Text-bearing chunks seen; decode speed is measured over these.
     token_chunks: int = 0
     usage: Usage | None = None
+    # A stream another backend broke off, taken over: "continued" (from the answer so far) or
+    # "restarted" (cut while thinking: this backend thinks again).
+    resumed: str | None = None
 
     @property
     def decode_tokens_per_s(self) -> float | None:

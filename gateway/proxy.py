@@ -31,8 +31,9 @@ from gateway.errors import (
 )
 from gateway.exchange import ClientRequest, Exchange
 from gateway.observation import Attempt, Observation
+from gateway.resume import transcript_for
 from gateway.runtime import Runtime
-from gateway.streaming import StreamMeter, StreamRelay
+from gateway.streaming import StreamMeter, StreamRelay, first_events
 
 log = logging.getLogger("gateway")
 
@@ -93,7 +94,7 @@ async def answer(exchange: Exchange, request: Request, receive: Receive) -> Resp
         raise NoRouteAvailable(
             f"route '{client.route.name}' has no backend to take this request: {decision.reason}"
         )
-    order = await runtime.admit(exchange)
+    order = exchange.order = await runtime.admit(exchange)
     return await attempt_in_order(exchange, client, observation, order)
 
 
@@ -134,22 +135,16 @@ async def attempt_in_order(
 async def open_stream(exchange: Exchange, attempt: Attempt, call: UpstreamCall) -> StreamRelay:
     """Open the upstream stream and wait for its first event: until then a failure can still fall back."""
     upstream = await exchange.open(call)
-    client, clock = exchange.client, exchange.runtime.clock
+    client = exchange.client
     assert client is not None
-    meter = StreamMeter(attempt, client_wants_usage=client.wants_usage, prompt_tokens=client.prompt_tokens)
+    meter = StreamMeter(
+        attempt,
+        client_wants_usage=client.wants_usage,
+        prompt_tokens=client.prompt_tokens,
+        transcript=transcript_for(exchange),
+    )
     chunks = upstream.chunks()
-    first = b""
-    try:
-        async with asyncio.timeout(call.wait_s):
-            while not first:
-                data = await anext(chunks, None)
-                if data is None:
-                    raise AttemptFailure(
-                        "dropped", f"{call.backend.name}: stream ended before its first event"
-                    )
-                first = meter.feed(data, clock())
-    except TimeoutError:
-        raise AttemptFailure("timeout", f"{call.backend.name}: no first token in {call.wait_s:g}s") from None
+    first = await first_events(chunks, meter, call, exchange.runtime.clock)
     upstream.expect_chunks_within(call.backend.timeouts.idle_s)
     headers = response_headers(exchange, "text/event-stream")
     translator = exchange.door.stream_translator(exchange)

@@ -14,15 +14,19 @@ from typing import TYPE_CHECKING, Any
 
 import orjson
 
+from gateway.backends import UpstreamCall
 from gateway.dialect import REASONING_FIELDS, counted_usage, usage_from
 from gateway.errors import AttemptFailure, error_bytes
-from gateway.observation import Attempt
+from gateway.observation import Attempt, Usage
+from gateway.resume import resume_stream
 
 if TYPE_CHECKING:
     from gateway.doors import StreamTranslator
     from gateway.exchange import Exchange
+    from gateway.resume import Transcript
 
 DRAIN_TIMEOUT_S = 1.0
+Clock = Callable[[], float]
 Send = Callable[[dict[str, Any]], Awaitable[None]]
 Receive = Callable[[], Awaitable[MutableMapping[str, Any]]]
 
@@ -39,12 +43,22 @@ class StreamMeter:
         "answer_chunks",
         "done",
         "reasoning_chunks",
+        "transcript",
         "upstream_error",
         "usage_obj",
     )
 
-    def __init__(self, attempt: Attempt, *, client_wants_usage: bool, prompt_tokens: int) -> None:
+    def __init__(
+        self,
+        attempt: Attempt,
+        *,
+        client_wants_usage: bool,
+        prompt_tokens: int,
+        transcript: Transcript | None = None,
+    ) -> None:
         self._attempt = attempt
+        # What the client has been sent, kept only where a cut stream may be resumed elsewhere.
+        self.transcript = transcript
         self._client_wants_usage = client_wants_usage
         self._prompt_tokens = prompt_tokens  # the gateway's estimate, for usage nobody reported
         self._sep = b""
@@ -102,10 +116,15 @@ class StreamMeter:
         usage = obj.get("usage")
         if usage:
             self.usage_obj = usage  # cumulative when sent on every frame: keep the latest, never add
+        transcript = self.transcript
+        if transcript is not None and transcript.stream_id is None:
+            transcript.started(obj)
         choices = obj.get("choices")
         if not choices:
             if "error" in obj:
                 self.upstream_error = obj["error"]
+                # Where the stream may be resumed, the client sees the resumed answer or our own error.
+                return transcript is None
             return bool(self._client_wants_usage or not usage)
         for choice in choices:
             self._inspect_choice(choice, now)
@@ -116,12 +135,18 @@ class StreamMeter:
             return
         delta = choice.get("delta")
         if isinstance(delta, dict):
-            if delta.get("content") or delta.get("tool_calls"):
+            content = delta.get("content")
+            if content or delta.get("tool_calls"):
                 self._answer(now)
+                if self.transcript is not None:
+                    self.transcript.answered(content, delta.get("tool_calls"))
                 return
             for field in REASONING_FIELDS:
-                if delta.get(field):
+                text = delta.get(field)
+                if text:
                     self._reasoning(now)
+                    if self.transcript is not None:
+                        self.transcript.reasoned(text)
                     return
         elif choice.get("text"):  # /v1/completions
             self._answer(now)
@@ -139,15 +164,20 @@ class StreamMeter:
         if self._attempt.ttft_s is None:
             self._attempt.ttft_s = now - self._attempt.started_at
 
+    def usage_so_far(self) -> Usage:
+        """The upstream's usage figure when it gave one, else the gateway's count."""
+        usage = usage_from(self.usage_obj, self.reasoning_chunks)
+        if usage is None:
+            chunks = self.answer_chunks + self.reasoning_chunks
+            usage = counted_usage(self._prompt_tokens, chunks, self.reasoning_chunks)
+        return usage
+
     def finish(self, now: float) -> None:
-        """Settle usage: the upstream's figure when it gave one, else the gateway's count."""
+        """Settle the attempt's usage and end time."""
         attempt = self._attempt
         attempt.finished_at = now
         attempt.token_chunks = self.answer_chunks + self.reasoning_chunks
-        usage = usage_from(self.usage_obj, self.reasoning_chunks)
-        if usage is None:
-            usage = counted_usage(self._prompt_tokens, attempt.token_chunks, self.reasoning_chunks)
-        attempt.usage = usage
+        attempt.usage = self.usage_so_far()
 
 
 def _data_of(event: bytes) -> bytes | None:
@@ -163,14 +193,43 @@ def _data_of(event: bytes) -> bytes | None:
     return None
 
 
+async def first_events(
+    chunks: AsyncIterator[bytes], meter: StreamMeter, call: UpstreamCall, clock: Clock
+) -> bytes:
+    """Read a new stream until its first complete event: until then a failure can still go elsewhere."""
+    first = b""
+    try:
+        async with asyncio.timeout(call.wait_s):
+            while not first:
+                data = await anext(chunks, None)
+                if data is None:
+                    raise AttemptFailure(
+                        "dropped", f"{call.backend.name}: stream ended before its first event"
+                    )
+                first = meter.feed(data, clock())
+    except TimeoutError:
+        raise AttemptFailure("timeout", f"{call.backend.name}: no first token in {call.wait_s:g}s") from None
+    return first
+
+
 def error_event(message: str, code: str) -> bytes:
     return b"data: " + error_bytes(message, "upstream_error", code) + b"\n\n"
 
 
 class StreamRelay:
-    """An ASGI response that relays an open upstream stream; its end settles the exchange."""
+    """An ASGI response that relays an open upstream stream; its end settles the exchange. A stream
+    that breaks off may go on from another backend (``gateway.resume``) when its route allows."""
 
-    __slots__ = ("_attempt", "_chunks", "_exchange", "_first", "_headers", "_meter", "_translator")
+    __slots__ = (
+        "_attempt",
+        "_chunks",
+        "_exchange",
+        "_first",
+        "_headers",
+        "_meter",
+        "_rewrite",
+        "_translator",
+    )
 
     def __init__(
         self,
@@ -184,12 +243,13 @@ class StreamRelay:
         translator: StreamTranslator | None = None,
     ) -> None:
         self._exchange = exchange
-        self._translator = translator  # the client's door speaks another dialect
         self._chunks = chunks
         self._headers = headers
         self._first = first
         self._meter = meter
         self._attempt = attempt
+        self._translator = translator  # the client's door speaks another dialect
+        self._rewrite: Callable[[bytes], bytes] | None = None  # a continuation's events, made seamless
 
     async def __call__(self, scope: Any, receive: Receive, send: Send) -> None:
         exchange = self._exchange
@@ -207,36 +267,62 @@ class StreamRelay:
             exchange.settle()  # closes the upstream: reused when read to its end, else cut
 
     async def _relay(self, send: Send) -> None:
-        meter, clock, translator = self._meter, self._exchange.runtime.clock, self._translator
+        while True:
+            failure = await self._pump(send)
+            if failure is None:
+                break
+            self._attempt.status = "timeout" if failure.kind == "timeout" else "dropped"
+            self._attempt.error = failure.message
+            resumed = None
+            if self._meter.transcript is not None:
+                resumed = await resume_stream(self._exchange, self._meter, failure)
+            if resumed is None:
+                code = "upstream_timeout" if failure.kind == "timeout" else "upstream_stream_broken"
+                translator = self._translator
+                event = (
+                    error_event(failure.message, code)
+                    if translator is None
+                    else translator.error(failure.message, code)
+                )
+                await send({"type": "http.response.body", "body": event, "more_body": True})
+                break
+            self._chunks, self._meter, self._attempt = resumed.chunks, resumed.meter, resumed.attempt
+            self._rewrite = resumed.rewrite
+            await self._send_events(send, resumed.first, rewritten=True)
+        # The client has everything once [DONE] is out (SDKs hang up then): settle and end the response
+        # before waiting for the upstream to close, so that hang-up is not taken for a cancellation.
+        meter = self._meter
+        if self._attempt.finished_at is None:
+            meter.finish(self._exchange.runtime.clock())
+        self._exchange.response_ended = True
+        await send({"type": "http.response.body", "body": b"", "more_body": False})
+        if meter.done:
+            await self._drain()
+
+    async def _pump(self, send: Send) -> AttemptFailure | None:
+        """Relay the current upstream to its [DONE]; the failure that ended it early, if one did."""
+        meter, clock = self._meter, self._exchange.runtime.clock
         try:
             if not meter.saw_done():  # a short stream may have ended within its very first read
                 async for data in self._chunks:
                     out = meter.feed(data, clock())
-                    if out and translator is not None:
-                        out = translator.translate(out)
                     if out:
-                        await send({"type": "http.response.body", "body": out, "more_body": True})
+                        await self._send_events(send, out)
                     if meter.saw_done():
                         break
             if not meter.saw_done():
                 raise AttemptFailure("dropped", "upstream closed the stream before it finished")
         except AttemptFailure as failure:
-            self._attempt.status = "timeout" if failure.kind == "timeout" else "dropped"
-            self._attempt.error = failure.message
-            code = "upstream_timeout" if failure.kind == "timeout" else "upstream_stream_broken"
-            event = (
-                error_event(failure.message, code)
-                if translator is None
-                else translator.error(failure.message, code)
-            )
-            await send({"type": "http.response.body", "body": event, "more_body": True})
-        # The client has everything once [DONE] is out (SDKs hang up then): settle and end the response
-        # before waiting for the upstream to close, so that hang-up is not taken for a cancellation.
-        meter.finish(clock())
-        self._exchange.response_ended = True
-        await send({"type": "http.response.body", "body": b"", "more_body": False})
-        if meter.done:
-            await self._drain()
+            return failure
+        return None
+
+    async def _send_events(self, send: Send, out: bytes, *, rewritten: bool = False) -> None:
+        if self._rewrite is not None and not rewritten:
+            out = self._rewrite(out)
+        if self._translator is not None:
+            out = self._translator.translate(out)
+        if out:
+            await send({"type": "http.response.body", "body": out, "more_body": True})
 
     async def _drain(self) -> None:
         """Read the upstream to its end (usually just the chunked terminator) so its connection is reused."""

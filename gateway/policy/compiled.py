@@ -18,6 +18,7 @@ from gateway.policy.schema import (
     Ledger,
     Objective,
     RateLimit,
+    ResumeStyle,
     Signals,
     Slo,
     StoreSettings,
@@ -67,6 +68,8 @@ class CompiledBackend:
     # Completion tokens to expect before any are measured (tuning.prior_output_tokens by ``thinking``);
     # None: the built-in prior for its thinking mode.
     prior_output_tokens: float | None = None
+    family: str = ""  # the model it serves (its ``model`` unless the policy says otherwise)
+    resume: ResumeStyle = "none"  # how it continues an answer another backend started
 
 
 @dataclass(frozen=True, slots=True)
@@ -80,6 +83,7 @@ class CompiledRoute:
     exploration: float
     description: str | None = None
     budgets: Budgets | None = None  # spending caps; read at admission, so a reload applies at once
+    resume_streams: bool = False  # a stream cut mid-way continues on another candidate
 
 
 @dataclass(frozen=True, slots=True)

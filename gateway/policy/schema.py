@@ -18,6 +18,10 @@ WhenInfeasible = Literal["fastest", "cheapest", "reject"]
 Accounting = Literal["amortized", "marginal"]
 OnBudgetExhausted = Literal["fallback_cheaper", "reject"]
 OnStoreFailure = Literal["fail_open", "fail_closed"]
+# How a backend continues an assistant answer another backend started (a stream resumed after a cut):
+# vLLM and SGLang's ``continue_final_message``, Kimi's and DeepSeek's ``partial`` final assistant
+# message, an Anthropic-style assistant prefill, or not at all.
+ResumeStyle = Literal["continue_final_message", "partial", "assistant_prefill", "none"]
 BackendName = Annotated[str, Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$", max_length=64)]
 RouteName = Annotated[str, Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9._:/-]*$", max_length=128)]
 PositiveFloat = Annotated[float, Field(gt=0)]
@@ -96,6 +100,11 @@ class Backend(Strict):
     context_window: Annotated[int, Field(ge=1)] | None = None
     signals: Signals = Signals()
     timeouts: Timeouts = Timeouts()
+    # The model this backend serves, for telling whether another backend can continue its answers;
+    # defaults to ``model``. Give the same family to backends that serve the same weights.
+    family: str | None = None
+    # How it continues an answer cut elsewhere; default: continue_final_message for vllm, else none.
+    resume: ResumeStyle | None = None
 
 
 class Slo(Strict):
@@ -108,6 +117,9 @@ class Slo(Strict):
 class Fallback(Strict):
     max_attempts: Annotated[int, Field(ge=1, le=10)] = 3
     deadline_s: PositiveFloat = 600.0
+    # A stream cut after its first byte goes on from the next candidate that can continue it.
+    # Default: on when every candidate serves the same ``family``.
+    resume_streams: bool | None = None
 
 
 class Budgets(Strict):
