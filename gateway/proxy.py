@@ -212,6 +212,7 @@ def response_headers(exchange: Exchange, content_type: str) -> list[tuple[bytes,
         (b"x-request-id", observation.request_id.encode()),
         (b"x-gateway-route", observation.route.encode()),
         (b"x-gateway-backend", (observation.backend or "").encode()),
+        (b"x-gateway-upstream-model", exchange.policy.backends[observation.backend or ""].model.encode()),
         (b"x-gateway-decision", (observation.decision_reason or "").encode()),
     ]
     # Settled cost when known (non-streaming); before a stream ends, the decision's estimate.

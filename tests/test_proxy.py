@@ -308,3 +308,18 @@ def test_a_stream_that_goes_silent_ends_with_a_timeout_event(gateway: Gateway, u
             pass
     attempt = last_observation(gateway).final
     assert attempt.status == "timeout"
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_answers_name_the_route_asked_for_and_the_upstream_model_in_a_header(
+    gateway: Gateway, stream: bool
+) -> None:
+    """The model field says what the client asked for (as most gateways do); the backend's own model
+    name is in ``x-gateway-upstream-model``."""
+    raw = sdk(gateway).chat.completions.with_raw_response.create(
+        model="vllm-only", messages=HELLO, stream=stream
+    )
+    assert raw.headers["x-gateway-upstream-model"] == "moonshotai/Kimi-K3"
+    parsed = raw.parse()
+    models = {chunk.model for chunk in parsed} if stream else {parsed.model}  # type: ignore[union-attr]
+    assert models == {"vllm-only"}
