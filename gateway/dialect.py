@@ -131,3 +131,15 @@ def _text_chars(content: Any) -> int:
 
 def _int(value: Any) -> int | None:
     return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
+def insert_usage_cost(body: bytes, cost_usd: float, basis: str | None, start: int = 0) -> bytes:
+    """``body`` with ``cost`` (USD) and ``cost_basis`` added to its last ``usage`` object at or after
+    ``start``, as OpenRouter reports a request's cost; the bytes are spliced, not re-encoded."""
+    at = max(body.rfind(b'"usage":{', start), body.rfind(b'"usage": {', start))
+    if at < 0:
+        return body
+    brace = body.index(b"{", at) + 1
+    fields = b'"cost":' + orjson.dumps(round(cost_usd, 10)) + b',"cost_basis":' + orjson.dumps(basis or "")
+    closing = body[brace : brace + 1] == b"}"
+    return body[:brace] + fields + (b"" if closing else b",") + body[brace:]

@@ -44,6 +44,9 @@ class Attempt:
     # A stream another backend broke off, taken over: "continued" (from the answer so far) or
     # "restarted" (cut while thinking: this backend thinks again).
     resumed: str | None = None
+    # What this attempt cost, fixed once priced (when the client was told, or when it ended).
+    cost_usd: float | None = None
+    cost_basis: str | None = None
 
     @property
     def decode_tokens_per_s(self) -> float | None:

@@ -18,7 +18,7 @@ from starlette.types import Receive, Scope, Send
 
 from gateway.auth import authorize_route
 from gateway.backends import UpstreamCall
-from gateway.dialect import read_completion
+from gateway.dialect import insert_usage_cost, read_completion
 from gateway.doors import Door
 from gateway.errors import (
     AttemptFailure,
@@ -157,8 +157,8 @@ async def open_stream(exchange: Exchange, attempt: Attempt, call: UpstreamCall) 
 
 async def complete_once(exchange: Exchange, attempt: Attempt, call: UpstreamCall) -> Response:
     # A whole answer's headers come only once it is complete, so its wait is the answer's, not a token's.
-    runtime, client = exchange.runtime, exchange.client
-    assert client is not None
+    runtime, client, observation = exchange.runtime, exchange.client, exchange.observation
+    assert client is not None and observation is not None
     upstream = await exchange.open(call)
     raw = await upstream.read(
         max(exchange.started_at + client.route.fallback.deadline_s - runtime.clock(), 1.0)
@@ -175,6 +175,8 @@ async def complete_once(exchange: Exchange, attempt: Attempt, call: UpstreamCall
         usual_ttft = runtime.stats.view(call.backend.name).ttft_p50_s or 0.0
         attempt.decode_s = duration - usual_ttft if usual_ttft < duration else duration
     exchange.end_attempt()
+    if observation.cost_usd is not None:  # the answer's usage says what it cost, as OpenRouter's do
+        raw = insert_usage_cost(raw, observation.cost_usd, observation.cost_basis)
     reply = Response(exchange.door.render_answer(raw, exchange))
     reply.raw_headers = [*reply.raw_headers, *response_headers(exchange, "application/json")]
     return reply

@@ -133,7 +133,7 @@ async def resume_stream(exchange: Exchange, meter: StreamMeter, failure: Attempt
         transcript.takeovers.append(
             {"from": cut.backend, "to": name, "mode": attempt.resumed, "after_chunks": len(transcript.answer)}
         )
-        rewrite = ContinuedEvents(transcript, observation.attempts[:-1], next_meter, client.wants_usage)
+        rewrite = ContinuedEvents(exchange, transcript, next_meter, client.wants_usage)
         return Resumed(chunks, next_meter, attempt, rewrite(first), rewrite)
     return None
 
@@ -163,11 +163,15 @@ def continuation_body(
 class ContinuedEvents:
     """Rewrites a continuation's events into the stream the client has been reading."""
 
-    __slots__ = ("_earlier", "_meter", "_transcript", "_wants_usage")
+    __slots__ = ("_attempt", "_earlier", "_exchange", "_meter", "_transcript", "_wants_usage")
 
     def __init__(
-        self, transcript: Transcript, earlier: list[Attempt], meter: StreamMeter, wants_usage: bool
+        self, exchange: Exchange, transcript: Transcript, meter: StreamMeter, wants_usage: bool
     ) -> None:
+        assert exchange.observation is not None
+        self._exchange = exchange
+        self._attempt = exchange.observation.attempts[-1]  # the one taking over
+        earlier = exchange.observation.attempts[:-1]
         self._transcript = transcript
         self._earlier = earlier  # the attempts before this one, their usage settled
         self._meter = meter
@@ -223,7 +227,10 @@ class ContinuedEvents:
             "x_gateway_resumed": transcript.takeovers,
         }
         if self._wants_usage:
-            chunk["usage"] = usage_json([*(a.usage for a in self._earlier), self._meter.usage_so_far()])
+            usage = self._meter.usage_so_far()
+            chunk["usage"] = usage_json([*(a.usage for a in self._earlier), usage])
+            cost, basis = self._exchange.runtime.cost_so_far(self._exchange, self._attempt, usage)
+            chunk["usage"]["cost"], chunk["usage"]["cost_basis"] = round(cost, 10), basis or ""
         return chunk
 
 

@@ -31,7 +31,7 @@ from gateway.fleet import Fleet
 from gateway.health import CircuitBreaker
 from gateway.ledger import Ledger, row_of
 from gateway.metrics import GatewayMetrics
-from gateway.observation import Attempt, Observation
+from gateway.observation import Attempt, Observation, Usage
 from gateway.policy.compiled import CompiledPolicy, CompiledRoute
 from gateway.policy.decide import Decision, DecisionMemo, RequestFeatures, decide
 from gateway.ratelimit import RateLimits
@@ -213,13 +213,24 @@ class Runtime:
         self.stats.attempt_finished(ticket, attempt, observation.route)
         if self.fleet is not None:
             self.fleet.attempt_finished(attempt, observation.route)
-        backend = exchange.policy.backends[attempt.backend]
         if attempt.usage is not None:
-            cost = attempt_cost(
-                backend, attempt.usage, self.stats.view(attempt.backend).aggregate_tokens_per_s
-            )
-            observation.cost_usd = (observation.cost_usd or 0.0) + cost.usd
-            observation.cost_basis = cost.basis
+            if attempt.cost_usd is None:
+                self._price(exchange, attempt, attempt.usage)
+            observation.cost_usd = (observation.cost_usd or 0.0) + (attempt.cost_usd or 0.0)
+            observation.cost_basis = attempt.cost_basis
+
+    def cost_so_far(self, exchange: Exchange, attempt: Attempt, usage: Usage) -> tuple[float, str | None]:
+        """What the request has cost with ``attempt`` at its final ``usage``, for the client's usage
+        object; the attempt keeps that price, so the ledger says the same."""
+        observation = exchange.observation
+        assert observation is not None
+        self._price(exchange, attempt, usage)
+        return (observation.cost_usd or 0.0) + (attempt.cost_usd or 0.0), attempt.cost_basis
+
+    def _price(self, exchange: Exchange, attempt: Attempt, usage: Usage) -> None:
+        backend = exchange.policy.backends[attempt.backend]
+        cost = attempt_cost(backend, usage, self.stats.view(attempt.backend).aggregate_tokens_per_s)
+        attempt.cost_usd, attempt.cost_basis = cost.usd, cost.basis
 
     def error_returned(self, error: GatewayError) -> None:
         origin = "upstream" if isinstance(error, (UpstreamError, UpstreamClientError)) else "gateway"

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 import orjson
 
 from gateway.backends import UpstreamCall
-from gateway.dialect import REASONING_FIELDS, counted_usage, usage_from
+from gateway.dialect import REASONING_FIELDS, counted_usage, insert_usage_cost, usage_from
 from gateway.errors import AttemptFailure, error_bytes
 from gateway.observation import Attempt, Usage
 from gateway.resume import resume_stream
@@ -42,6 +42,7 @@ class StreamMeter:
         "_tail",
         "answer_chunks",
         "done",
+        "final_usage",
         "reasoning_chunks",
         "transcript",
         "upstream_error",
@@ -67,6 +68,7 @@ class StreamMeter:
         self.reasoning_chunks = 0
         self.usage_obj: Any = None
         self.done = False
+        self.final_usage = False  # the usage-only chunk for the client went by: it gets the cost
         self.upstream_error: Any = None
 
     def saw_done(self) -> bool:
@@ -125,7 +127,10 @@ class StreamMeter:
                 self.upstream_error = obj["error"]
                 # Where the stream may be resumed, the client sees the resumed answer or our own error.
                 return transcript is None
-            return bool(self._client_wants_usage or not usage)
+            if usage and self._client_wants_usage:
+                self.final_usage = True
+                return True
+            return not usage
         for choice in choices:
             self._inspect_choice(choice, now)
         return True
@@ -306,6 +311,11 @@ class StreamRelay:
             if not meter.saw_done():  # a short stream may have ended within its very first read
                 async for data in self._chunks:
                     out = meter.feed(data, clock())
+                    if meter.final_usage:  # once per stream: the usage the client asked for, priced
+                        meter.final_usage = False
+                        usage = meter.usage_so_far()
+                        cost, basis = self._exchange.runtime.cost_so_far(self._exchange, self._attempt, usage)
+                        out = insert_usage_cost(out, cost, basis)
                     if out:
                         await self._send_events(send, out)
                     if meter.saw_done():

@@ -12,8 +12,8 @@ from starlette.responses import Response
 from gateway.api.responses import error_response
 from gateway.dialect import estimate_tokens, prompt_chars
 from gateway.errors import GatewayError, InvalidRequest, ModelNotFound
-from gateway.streaming import error_event
 from gateway.policy.compiled import CompiledPolicy, CompiledRoute
+from gateway.streaming import error_event
 
 if TYPE_CHECKING:
     from gateway.doors import StreamTranslator
