@@ -45,7 +45,10 @@ def build_parser() -> argparse.ArgumentParser:
         "--open", action="store_true", help="serve without API keys even on a non-loopback address (unsafe)"
     )
     serve.add_argument(
-        "--ledger", default=None, help="ledger SQLite file (default: the policy's ledger.path)"
+        "--ledger",
+        default=None,
+        help="ledger: a SQLite file or a postgresql:// URL (default: env GATEWAY_LEDGER, else the "
+        "policy's ledger.url, else its ledger.path)",
     )
     serve.add_argument(
         "--redis-url",
@@ -77,12 +80,26 @@ def build_parser() -> argparse.ArgumentParser:
     create.set_defaults(func=cmd_keys_create)
 
     spend = sub.add_parser("spend", help="report spend and tokens from the ledger")
-    spend.add_argument("--by", default="route", choices=["route", "backend", "key"])
+    spend.add_argument("--by", default="route", choices=["route", "backend", "key", "replica"])
     spend.add_argument("--since", default="24h", help="a span (24h, 30m, 7d) or an ISO date (UTC)")
     spend.add_argument("--format", default="table", choices=["table", "csv", "json"])
-    spend.add_argument("--ledger", default="var/ledger.sqlite3", help="the ledger SQLite file")
+    spend.add_argument(
+        "--ledger",
+        default=None,
+        help="a SQLite file or a postgresql:// URL (default: env GATEWAY_LEDGER, else the --policy's "
+        "ledger, else var/ledger.sqlite3)",
+    )
     spend.add_argument("--policy", default=None, help="a policy, to add GPU-hour pools' idle cost")
     spend.set_defaults(func=cmd_spend)
+
+    ledger = sub.add_parser("ledger", help="manage the ledger database")
+    ledger_sub = ledger.add_subparsers(required=True, metavar="ACTION")
+    migrate = ledger_sub.add_parser(
+        "migrate", help="create the ledger or bring its schema to this version (serve does it too)"
+    )
+    migrate.add_argument("--ledger", default=None, help="a SQLite file or a postgresql:// URL")
+    migrate.add_argument("--policy", default=None, help="take the ledger from this policy")
+    migrate.set_defaults(func=cmd_ledger_migrate)
 
     check = sub.add_parser("check", help="validate a policy file and print its compiled routes")
     check.add_argument("file")
@@ -144,6 +161,12 @@ def cmd_spend(args: argparse.Namespace) -> int:
     from gateway.spend import spend_main
 
     return spend_main(args)
+
+
+def cmd_ledger_migrate(args: argparse.Namespace) -> int:
+    from gateway.ledger.migrate import migrate_main
+
+    return migrate_main(args.ledger, args.policy)
 
 
 def cmd_check(args: argparse.Namespace) -> int:

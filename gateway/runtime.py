@@ -27,7 +27,8 @@ from gateway.budgets import BudgetExhausted, Budgets
 from gateway.costs import attempt_cost
 from gateway.errors import GatewayError, UpstreamClientError, UpstreamError
 from gateway.fleet import Fleet
-from gateway.ledger import Ledger, row_of
+from gateway.ledger import row_of
+from gateway.ledger.settings import open_ledger, replica_name
 from gateway.metrics import GatewayMetrics
 from gateway.observation import Attempt, Observation
 from gateway.policy.compiled import CompiledPolicy, CompiledRoute
@@ -91,12 +92,8 @@ class Runtime:
         self._tasks: list[asyncio.Task[Any]] = []
         # Spend: each finished request feeds its ledger row, live totals, budget counters and metrics.
         self.wall_clock = wall_clock
-        settings = self.policy.ledger
-        self.ledger = Ledger(
-            Path(ledger_path or settings.path),
-            flush_interval_s=settings.flush_interval_s,
-            batch_size=settings.batch_size,
-        )
+        self.ledger = open_ledger(self.policy.ledger, ledger_path)
+        self.replica = replica_name()
         self.spend = SpendTally()
         # Shared state: ``redis_url`` (the CLI's) wins over the policy's store.redis_url; none: memory.
         self.store = open_store(self.policy.store, redis_url, wall_clock)
@@ -272,8 +269,8 @@ class Runtime:
     async def _start_spend(self) -> None:
         await self.ledger.start()
         # Today's spend and this period's budget counters carry over a restart, from the ledger.
-        await asyncio.to_thread(seed_tally, self.spend, self.ledger.path, self.wall_clock())
-        await self.budgets.seed(self.ledger.path, self.wall_clock())
+        await asyncio.to_thread(seed_tally, self.spend, self.ledger.database, self.wall_clock())
+        await self.budgets.seed(self.ledger.database, self.wall_clock())
 
     def _account(self, observation: Observation) -> None:
         """Settle a finished request: its budget reservation, ledger row, live spend and metrics."""
@@ -281,7 +278,9 @@ class Runtime:
         reserved = self.budgets.settle(observation, started_wall)
         self.rate_limits.settle(observation)
         backend = self.policy.backends.get(observation.backend or "")
-        row = row_of(observation, started_wall, None if backend is None else backend.model, reserved)
+        row = row_of(
+            observation, started_wall, None if backend is None else backend.model, reserved, self.replica
+        )
         self.ledger.append(row)
         self.spend.add(started_wall, observation.route, row.cost_usd)
         self.metrics.request_finished(observation)
