@@ -25,7 +25,7 @@ def url_of(database: str, port: int = 5432) -> str:
 
 
 @contextlib.contextmanager
-def test_database() -> Iterator[str]:
+def scratch_database() -> Iterator[str]:
     """A fresh database on the server; skips when no server answers (tests/check.sh starts one)."""
     try:
         admin = psycopg.connect(SERVER_URL, autocommit=True, connect_timeout=3)

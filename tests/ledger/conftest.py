@@ -8,12 +8,12 @@ from pathlib import Path
 
 import pytest
 
-from tests.postgres import test_database, url_of
+from tests.postgres import scratch_database, url_of
 
 
 @pytest.fixture(scope="session")
 def postgres_database() -> Iterator[str]:
-    with test_database() as name:
+    with scratch_database() as name:
         yield name
 
 
