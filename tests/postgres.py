@@ -10,6 +10,7 @@ import socket
 import threading
 import uuid
 from collections.abc import Iterator
+from urllib.parse import urlsplit, urlunsplit
 
 import psycopg
 import pytest
@@ -17,11 +18,17 @@ import pytest
 SERVER_URL = os.environ.get("GATEWAY_TEST_POSTGRES", "postgresql://postgres@127.0.0.1:5432/postgres")
 
 
-def url_of(database: str, port: int = 5432) -> str:
-    base = SERVER_URL.rsplit("/", 1)[0]
-    if port != 5432:
-        base = base.replace(":5432", f":{port}")
-    return f"{base}/{database}"
+def server_port() -> int:
+    return urlsplit(SERVER_URL).port or 5432
+
+
+def url_of(database: str, port: int | None = None) -> str:
+    """The URL of ``database`` on the test server, or through a proxy listening on ``port``."""
+    parts = urlsplit(SERVER_URL)
+    userinfo, _, _ = parts.netloc.rpartition("@")
+    host = f"{parts.hostname}:{port or server_port()}"
+    netloc = f"{userinfo}@{host}" if userinfo else host
+    return urlunsplit(parts._replace(netloc=netloc, path=f"/{database}"))
 
 
 @contextlib.contextmanager
@@ -44,8 +51,8 @@ class TcpProxy:
     """Forwards a loopback port to the PostgreSQL server. ``cut()`` closes every connection and stops
     listening (the database looks gone); ``restore()`` listens on the same port again."""
 
-    def __init__(self, target_port: int = 5432) -> None:
-        self.target_port = target_port
+    def __init__(self, target_port: int | None = None) -> None:
+        self.target_port = target_port or server_port()
         self._listener = self._listen(0)
         self.port: int = self._listener.getsockname()[1]
         self._sockets: set[socket.socket] = set()
