@@ -29,6 +29,7 @@ from gateway.errors import GatewayError, UpstreamClientError, UpstreamError
 from gateway.fleet import Fleet
 from gateway.ledger import row_of
 from gateway.ledger.settings import open_ledger, replica_name
+from gateway.ledger.view import LedgerView
 from gateway.metrics import GatewayMetrics
 from gateway.observation import Attempt, Observation
 from gateway.policy.compiled import CompiledPolicy, CompiledRoute
@@ -95,6 +96,7 @@ class Runtime:
         self.ledger = open_ledger(self.policy.ledger, ledger_path)
         self.replica = replica_name()
         self.spend = SpendTally()
+        self.ledger_view = LedgerView(self.ledger.database, wall_clock)
         # Shared state: ``redis_url`` (the CLI's) wins over the policy's store.redis_url; none: memory.
         self.store = open_store(self.policy.store, redis_url, wall_clock)
         self.budgets = Budgets(self.store)
@@ -125,6 +127,7 @@ class Runtime:
         if self.fleet is not None:
             self._tasks.append(loop.create_task(self.fleet.run()))
         self._tasks.extend(loop.create_task(task) for task in self.metrics.background())
+        self._tasks.append(loop.create_task(self.ledger_view.run()))
 
     async def close(self) -> None:
         for task in self._tasks:
