@@ -40,8 +40,10 @@ from .conftest import (
 ROUTES = """
   paid-only:
     backends: [paid-api]
-  vllm-only:
-    backends: [b300-vllm]
+  pooled:
+    # The GPU pool first, the paid API when it is slow or full: a busy machine fails no request.
+    backends: [b300-vllm, paid-api]
+    exploration: 0
 """
 OUTAGE_S = 20.0
 
@@ -62,7 +64,7 @@ def shared(upstreams: Upstreams, tmp_path_factory: pytest.TempPathFactory) -> It
     tmp = tmp_path_factory.mktemp("shared-ledger")
     policy = tmp / "policy.yaml"
     policy.write_text(
-        policy_yaml(upstreams, ROUTES)
+        roomy(policy_yaml(upstreams, ROUTES))
         + auth_yaml()
         + "ledger: {flush_interval_s: 0.05, close_timeout_s: 5}\n"
         + f"store: {{key_prefix: '{key_prefix()}', timeout_ms: 2000, sync_interval_s: 0.2}}\n"
@@ -77,6 +79,20 @@ def shared(upstreams: Upstreams, tmp_path_factory: pytest.TempPathFactory) -> It
             stop_replicas(replicas)
             proxy.close()
             upstreams.reset()
+
+
+def roomy(policy: str) -> str:
+    """The test policy with room for 300 requests at once on a busy two-core machine: this test is
+    about the ledger, not about limits, so the GPU pool and the paid API take them all, unhurried."""
+    for backend in ("b300-vllm", "paid-api"):
+        head, tail = policy.split(f"\n  {backend}:\n", 1)
+        tail = tail.replace(
+            "    timeouts: {first_byte_s: 5, idle_s: 2}\n",
+            "    timeouts: {first_byte_s: 30, idle_s: 15}\n    max_concurrency: 1000\n",
+            1,
+        )
+        policy = f"{head}\n  {backend}:\n{tail}"
+    return policy
 
 
 def rows(url: str, where: str = "true") -> list[dict[str, Any]]:
@@ -123,7 +139,7 @@ async def spread(replicas: list[Replica], count: int) -> list[httpx.Response]:
         posts = (
             client.post(
                 replicas[i % len(replicas)].url + "/v1/chat/completions",
-                json={"model": ("paid-only", "vllm-only")[i % 2], "messages": HELLO, "max_tokens": 40},
+                json={"model": ("paid-only", "pooled")[i % 2], "messages": HELLO, "max_tokens": 40},
             )
             for i in range(count)
         )
@@ -134,7 +150,8 @@ def test_fleet_spend_equals_the_responses_costs_and_the_counters(shared: SharedF
     before = fleet_spend_counter(shared.replicas)
     started = {row["request_id"] for row in rows(shared.direct_url)}
     responses = asyncio.run(spread(shared.replicas, 300))
-    assert [r.status_code for r in responses] == [200] * 300
+    refused = [r.text for r in responses if r.status_code != 200]
+    assert not refused, f"{len(refused)} of 300 failed, e.g. {refused[0]}"
     ids = {r.headers["x-request-id"] for r in responses}
     header_usd = sum(float(r.headers["x-gateway-cost-usd"]) for r in responses)
 
