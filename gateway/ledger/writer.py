@@ -120,7 +120,9 @@ class Ledger:
 
     def _run(self) -> None:
         try:
-            self.database.open()
+            applied = self.database.open()
+            shared = " (shared by the fleet)" if self.database.shared else ""
+            log.info("ledger: %s%s; migrations applied: %s", self.location, shared, applied or "none")
             self._replay_spill()
         except LedgerUnavailable as exc:
             self._open_error = exc
