@@ -9,17 +9,15 @@ from __future__ import annotations
 
 import asyncio
 import calendar
-import sqlite3
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from pathlib import Path
 from types import MappingProxyType
 from typing import Literal, NamedTuple
 
 from gateway.costs import amortized_expected_cost
 from gateway.errors import GatewayError
-from gateway.ledger import connect, spend_totals
+from gateway.ledger import LedgerDatabase, LedgerUnavailable
 from gateway.observation import Observation
 from gateway.policy.compiled import CompiledBackend, CompiledPolicy, CompiledRoute
 from gateway.policy.decide import CandidateEval, Decision
@@ -213,9 +211,10 @@ class Budgets:
             uses.append(BudgetUse(cap.scope, cap.name, cap.period, cap.limit_usd, spent, reserved))
         return uses
 
-    async def seed(self, ledger_path: Path, wall: float) -> None:
-        """Start this period's counters from the ledger, so a restart does not reset spend to zero."""
-        totals = await asyncio.to_thread(_period_totals, ledger_path, wall)
+    async def seed(self, ledger: LedgerDatabase, wall: float) -> None:
+        """Start this period's counters from the ledger, so a restart does not reset spend to zero
+        (a shared ledger's totals are the fleet's)."""
+        totals = await asyncio.to_thread(_period_totals, ledger, wall)
         for key, spent in totals.items():
             self.store.seed(key, spent)
 
@@ -240,20 +239,17 @@ class Budgets:
         return BudgetExhausted(message, max(1, int(resets_at - wall)))
 
 
-def _period_totals(ledger_path: Path, wall: float) -> Mapping[str, float]:
+def _period_totals(ledger: LedgerDatabase, wall: float) -> Mapping[str, float]:
     totals: dict[str, float] = {}
     try:
-        conn = connect(ledger_path, readonly=True)
-    except sqlite3.Error:
-        return totals  # no ledger yet: nothing spent
-    try:
-        for period in PERIODS:
-            start, _ = period_bounds(period, wall)
-            scopes: tuple[Scope, ...] = ("route", "key")
-            for scope in scopes:
-                for row in spend_totals(conn, scope, start):
-                    if row.key is not None:
-                        totals[counter_key(scope, row.key, period, wall)] = row.cost_usd
-    finally:
-        conn.close()
+        with ledger.reading() as reader:
+            for period in PERIODS:
+                start, _ = period_bounds(period, wall)
+                scopes: tuple[Scope, ...] = ("route", "key")
+                for scope in scopes:
+                    for row in reader.totals(scope, start):
+                        if row.key is not None:
+                            totals[counter_key(scope, row.key, period, wall)] = row.cost_usd
+    except LedgerUnavailable:
+        return {}  # no ledger yet: nothing spent
     return totals

@@ -23,6 +23,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 
 from gateway.costs import effective_usd_per_mtok
 from gateway.health import CIRCUIT_STATE_CODES
+from gateway.ledger.health import ledger_health
 from gateway.observation import Attempt, Observation
 from gateway.version import gateway_version
 
@@ -38,6 +39,8 @@ GAUGE_MODES: Mapping[str, Any] = MappingProxyType(
     {
         "gateway_backend_inflight_requests": "livesum",
         "gateway_ledger_pending_rows": "livesum",
+        "gateway_ledger_up": "livemin",
+        "gateway_ledger_oldest_pending_age_seconds": "livemax",
         "gateway_backend_circuit_state": "livemax",
         "gateway_store_up": "livemin",
         "gateway_policy_last_reload_ok": "livemin",
@@ -388,6 +391,7 @@ class LiveCollector:
         yield GaugeMetricFamily(
             "gateway_ledger_pending_rows", "Ledger rows waiting to be written.", value=ledger.pending
         )
+        yield from ledger_health(ledger, self._runtime.wall_clock())
 
     def _store(self) -> Iterator[Metric]:
         health = self._runtime.store.health

@@ -29,7 +29,9 @@ from gateway.errors import GatewayError, UpstreamClientError, UpstreamError
 from gateway.exchange import Exchange
 from gateway.fleet import Fleet
 from gateway.health import CircuitBreaker
-from gateway.ledger import Ledger, row_of
+from gateway.ledger import row_of
+from gateway.ledger.settings import open_ledger, replica_name, resolve_ledger
+from gateway.ledger.view import LedgerView
 from gateway.metrics import GatewayMetrics
 from gateway.observation import Attempt, Observation, Usage
 from gateway.policy.compiled import CompiledPolicy, CompiledRoute
@@ -98,13 +100,11 @@ class Runtime:
         self._tasks: list[asyncio.Task[Any]] = []
         # Spend: each finished request feeds its ledger row, live totals, budget counters and metrics.
         self.wall_clock = wall_clock
-        settings = self.policy.ledger
-        self.ledger = Ledger(
-            Path(ledger_path or settings.path),
-            flush_interval_s=settings.flush_interval_s,
-            batch_size=settings.batch_size,
-        )
+        location = resolve_ledger(ledger_path, lambda: self.policy)
+        self.ledger = open_ledger(self.policy.ledger, location.target)
+        self.replica = replica_name()
         self.spend = SpendTally()
+        self.ledger_view = LedgerView(self.ledger.database, wall_clock)
         # Shared state: ``redis_url`` (the CLI's) wins over the policy's store.redis_url; none: memory.
         self.store = open_store(self.policy.store, redis_url, wall_clock)
         self.budgets = Budgets(self.store)
@@ -139,6 +139,7 @@ class Runtime:
         if self.fleet is not None:
             self._tasks.append(loop.create_task(self.fleet.run()))
         self._tasks.extend(loop.create_task(task) for task in self.metrics.background())
+        self._tasks.append(loop.create_task(self.ledger_view.run()))
 
     async def close(self) -> None:
         for task in self._tasks:
@@ -256,8 +257,8 @@ class Runtime:
     async def _start_spend(self) -> None:
         await self.ledger.start()
         # Today's spend and this period's budget counters carry over a restart, from the ledger.
-        await asyncio.to_thread(seed_tally, self.spend, self.ledger.path, self.wall_clock())
-        await self.budgets.seed(self.ledger.path, self.wall_clock())
+        await asyncio.to_thread(seed_tally, self.spend, self.ledger.database, self.wall_clock())
+        await self.budgets.seed(self.ledger.database, self.wall_clock())
 
     def settle(self, exchange: Exchange) -> None:
         """Close the books on a finished request: its reservations, ledger row, live spend, metrics."""
@@ -268,7 +269,9 @@ class Runtime:
         self.rate_limits.settle(exchange.tokens, observation)
         backend = exchange.policy.backends.get(observation.backend or "")
         reserved = None if exchange.budget is None else exchange.budget.amount
-        row = row_of(observation, started_wall, None if backend is None else backend.model, reserved)
+        row = row_of(
+            observation, started_wall, None if backend is None else backend.model, reserved, self.replica
+        )
         self.ledger.append(row)
         self.spend.add(started_wall, observation.route, row.cost_usd)
         self.recent.append(observation)

@@ -8,11 +8,10 @@ import argparse
 import csv
 import io
 import re
-import sqlite3
 import sys
 import time
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 from types import MappingProxyType
@@ -22,8 +21,8 @@ import orjson
 
 from gateway.budgets import period_bounds, period_id
 from gateway.costs import SECONDS_PER_HOUR, usd_per_mtok_of
-from gateway.ledger import SpendTotal, connect, earliest_time, spend_buckets, spend_totals
-from gateway.ledger_location import resolve_ledger
+from gateway.ledger import LedgerDatabase, LedgerReader, LedgerUnavailable, SpendTotal, open_database
+from gateway.ledger.settings import resolve_ledger
 from gateway.policy.load import PolicyError, load_policy
 
 UNITS_S = MappingProxyType({"s": 1, "m": 60, "h": 3600, "d": 86_400, "w": 604_800})
@@ -37,6 +36,7 @@ REPORT_FIELDS = (
     "cost_usd",
     "usd_per_mtok_out",
     "cost_basis",
+    "fallbacks",
 )
 
 
@@ -102,18 +102,15 @@ class SpendTally:
             del self._buckets[number]
 
 
-def seed_tally(tally: SpendTally, ledger_path: Path, wall: float) -> None:
+def seed_tally(tally: SpendTally, ledger: LedgerDatabase, wall: float) -> None:
     """Load today's totals and the window's buckets from the ledger (runs in a worker thread)."""
     try:
-        conn = connect(ledger_path, readonly=True)
-    except sqlite3.Error:
+        with ledger.reading() as reader:
+            day_start, _ = period_bounds("day", wall)
+            day_totals = reader.totals("route", day_start)
+            tally.seed(wall, day_totals, reader.buckets(wall - tally.window_s, tally.bucket_s))
+    except LedgerUnavailable:
         return
-    try:
-        day_start, _ = period_bounds("day", wall)
-        day_totals = spend_totals(conn, "route", day_start)
-        tally.seed(wall, day_totals, spend_buckets(conn, wall - tally.window_s, tally.bucket_s))
-    finally:
-        conn.close()
 
 
 # --- gateway spend ---------------------------------------------------------------------------------
@@ -125,8 +122,8 @@ class Report:
     since: float
     until: float
     rows: list[SpendTotal]
+    ledger: str  # the ledger read: a file's absolute path or a URL without its password
     note: str | None = None  # e.g. why idle rows are missing
-    ledger: str | None = None  # the file it was read from
 
 
 def parse_since(text: str, now: float) -> float:
@@ -143,30 +140,29 @@ def parse_since(text: str, now: float) -> float:
     return (moment if moment.tzinfo else moment.replace(tzinfo=UTC)).timestamp()
 
 
-def build_report(ledger_path: Path, by: str, since: float, now: float, policy_path: str | None) -> Report:
-    conn = connect(ledger_path, readonly=True)
-    try:
-        rows = spend_totals(conn, by, since, now)
+def build_report(
+    ledger: LedgerDatabase, by: str, since: float, now: float, policy_path: str | None
+) -> Report:
+    with ledger.reading() as reader:
+        rows = reader.totals(by, since, now)
         note = None
         if policy_path is None:
             note = "GPU-hour pools' idle (unattributed) cost not shown: pass --policy to include it"
         else:
-            rows += idle_rows(conn, policy_path, since, now)
-    finally:
-        conn.close()
-    return Report(by, since, now, rows, note)
+            rows += idle_rows(reader, policy_path, since, now)
+    return Report(by, since, now, rows, ledger.location, note)
 
 
-def idle_rows(conn: sqlite3.Connection, policy_path: str, since: float, now: float) -> list[SpendTotal]:
+def idle_rows(reader: LedgerReader, policy_path: str, since: float, now: float) -> list[SpendTotal]:
     """What each GPU-hour pool cost over the window that no request was charged.
 
     The window starts at ``since`` or at the ledger's first row, whichever is later, assuming the
     pool was up and paid for the whole of it; prices are the policy's current ones.
     """
     policy = load_policy(policy_path)
-    start = max(since, earliest_time(conn) or now)
+    start = max(since, reader.earliest() or now)
     hours = max(0.0, now - start) / SECONDS_PER_HOUR
-    attributed = {t.key: t.cost_usd for t in spend_totals(conn, "backend", since, now)}
+    attributed = {t.key: t.cost_usd for t in reader.totals("backend", since, now)}
     rows = []
     for name, backend in policy.backends.items():
         if backend.pool_price is None:
@@ -192,6 +188,7 @@ def report_dicts(report: Report) -> list[dict[str, Any]]:
                 "cost_usd": row.cost_usd,
                 "usd_per_mtok_out": per_mtok,
                 "cost_basis": row.bases,
+                "fallbacks": row.fallbacks,
             }
         )
     return out
@@ -203,8 +200,8 @@ def render(report: Report, fmt: str) -> str:
     if fmt == "json":
         window = {"since": _iso(report.since), "until": _iso(report.until)}
         document = {
-            "ledger": report.ledger,
             "by": report.by,
+            "ledger": report.ledger,
             "window": window,
             "rows": records,
             "total_usd": total,
@@ -245,9 +242,13 @@ def _table(report: Report, records: Sequence[dict[str, Any]], total: float) -> s
         return "  ".join(c.ljust(w) if i in (0, 9) else c.rjust(w) for i, (c, w) in pairs)
 
     title = f"spend by {report.by}, {_iso(report.since)} to {_iso(report.until)} (UTC)"
-    if report.ledger:
-        title += f", from {report.ledger}"
-    body = [title, fmt(headers), fmt(["-" * w for w in widths]), *(fmt(line) for line in lines)]
+    body = [
+        title,
+        f"ledger: {report.ledger}",
+        fmt(headers),
+        fmt(["-" * w for w in widths]),
+        *(fmt(line) for line in lines),
+    ]
     if report.note:
         body.append(f"note: {report.note}")
     return "\n".join(line.rstrip() for line in body) + "\n"
@@ -259,8 +260,8 @@ def _iso(at: float) -> str:
 
 def spend_main(args: argparse.Namespace, default_policy: str) -> int:
     """`gateway spend`: ``args`` has by, since, format, ledger and policy. The ledger is found the way
-    ``serve`` finds it (``--ledger``, ``$GATEWAY_LEDGER``, the policy's ``ledger.path``), and every
-    report says which file it read: on stderr, and in the JSON document."""
+    ``serve`` finds it (``--ledger``, ``$GATEWAY_LEDGER``, the policy's ``ledger.url`` or ``ledger.path``),
+    and every report says which ledger it read: on stderr, and in the table and the JSON document."""
     try:
         location = resolve_ledger(args.ledger, lambda: load_policy(args.policy or default_policy))
     except PolicyError as exc:
@@ -268,20 +269,20 @@ def spend_main(args: argparse.Namespace, default_policy: str) -> int:
             f"gateway spend: the policy does not load (give --ledger PATH instead):\n{exc}", file=sys.stderr
         )
         return 2
-    if not location.path.is_file():
+    if isinstance(location.target, Path) and not location.target.is_file():
         print(
             f"gateway spend: no ledger at {location}; a gateway writes it on its first request "
-            "(pass --ledger PATH, set $GATEWAY_LEDGER, or run from the folder `gateway serve` ran in)",
+            "(pass --ledger PATH or URL, set $GATEWAY_LEDGER, or run from the folder `gateway serve` ran in)",
             file=sys.stderr,
         )
         return 2
     now = time.time()
     try:
         since = parse_since(args.since, now)
-        report = build_report(location.path, args.by, since, now, args.policy)
-    except (ValueError, sqlite3.Error, PolicyError) as exc:
+        report = build_report(open_database(location.target), args.by, since, now, args.policy)
+    except (ValueError, LedgerUnavailable, PolicyError) as exc:
         print(f"gateway spend: {exc}", file=sys.stderr)
         return 2
     print(f"ledger: {location}", file=sys.stderr)
-    sys.stdout.write(render(replace(report, ledger=str(location.path)), args.format))
+    sys.stdout.write(render(report, args.format))
     return 0

@@ -154,15 +154,22 @@ class Server(Strict):
 
 
 class Ledger(Strict):
-    """Where the per-request spend rows go: SQLite, written in batches off the request path.
+    """Where the per-request spend rows go, written in batches off the request path: a SQLite file
+    (``path``, the default) or, for a fleet, the PostgreSQL database named by ``url``.
 
-    A relative ``path`` is taken from the directory the gateway is started in; ``gateway serve
-    --ledger`` overrides it. Changes take effect at the next start, not on a hot reload.
+    A relative path is taken from the directory the gateway is started in; ``gateway serve --ledger``
+    (or env GATEWAY_LEDGER) overrides both. Put no password in ``url``: libpq reads PGPASSWORD or
+    ~/.pgpass. Changes take effect at the next start, not on a hot reload.
     """
 
     path: Annotated[str, Field(min_length=1)] = "var/ledger.sqlite3"
+    url: Annotated[str | None, Field(pattern=r"^postgres(ql)?://")] = None
     flush_interval_s: PositiveFloat = 1.0
     batch_size: Annotated[int, Field(ge=1, le=100_000)] = 500
+    # Shared ledger only: how long a shutdown keeps retrying a database that is away, and where it
+    # leaves the rows it still refuses (the next start writes them to the database).
+    close_timeout_s: Annotated[float, Field(ge=0, le=600)] = 20.0
+    spill_path: Annotated[str, Field(min_length=1)] = "var/ledger-spill.sqlite3"
 
 
 class RateLimit(Strict):
