@@ -274,7 +274,7 @@ def cmd_keys_list(args: argparse.Namespace) -> int:
 
 
 def cmd_spend(args: argparse.Namespace) -> int:
-    from gateway.spend import spend_main
+    from gateway.money.spend import spend_main
 
     return spend_main(args, str(DEFAULT_POLICY))
 

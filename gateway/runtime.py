@@ -21,25 +21,26 @@ from typing import Any, Protocol
 
 from starlette.datastructures import Headers
 
-from gateway.auth import ApiKey, AuthenticationFailed, PermissionDenied, authenticate
 from gateway.backends import Backends
-from gateway.budgets import Budgets
-from gateway.costs import attempt_cost
 from gateway.errors import GatewayError, UpstreamClientError, UpstreamError
-from gateway.exchange import Exchange
-from gateway.fleet import Fleet
-from gateway.health import CircuitBreaker
 from gateway.ledger import row_of
 from gateway.ledger.settings import open_ledger, replica_name, resolve_ledger
 from gateway.ledger.view import LedgerView
+from gateway.measure.fleet import Fleet
+from gateway.measure.health import CircuitBreaker
+from gateway.measure.signals import SignalScraper
+from gateway.measure.stats import AttemptTicket, BackendView, LiveStats
 from gateway.metrics import GatewayMetrics
-from gateway.observation import Attempt, Observation, Usage
+from gateway.metrics.live import MetricSources
+from gateway.money.budgets import Budgets
+from gateway.money.costs import attempt_cost
+from gateway.money.ratelimit import RateLimits
+from gateway.money.spend import SpendTally, seed_tally
 from gateway.policy.compiled import CompiledPolicy, CompiledRoute
 from gateway.policy.decide import Decision, DecisionMemo, RequestFeatures, decide
-from gateway.ratelimit import RateLimits
-from gateway.signals import SignalScraper
-from gateway.spend import SpendTally, seed_tally
-from gateway.stats import AttemptTicket, BackendView, LiveStats
+from gateway.request.auth import ApiKey, AuthenticationFailed, PermissionDenied, authenticate
+from gateway.request.exchange import Exchange
+from gateway.request.observation import Attempt, Observation, Usage
 from gateway.store import open_store
 
 log = logging.getLogger("gateway")
@@ -113,7 +114,18 @@ class Runtime:
         if self.store.shared:
             interval = self.policy.store.sync_interval_s
             self.fleet = Fleet(self.stats, self.store, lambda: self.policy, clock, interval)
-        self.metrics = GatewayMetrics(self)
+        self.metrics = GatewayMetrics(
+            MetricSources(
+                policy=lambda: self.policy,
+                policy_source=self.policy_source,
+                stats=self.stats,
+                budgets=self.budgets,
+                ledger=self.ledger,
+                store_health=self.store.health,
+                errors_returned=self.errors_returned,
+                wall_clock=wall_clock,
+            )
+        )
         # Called with each settled request, after the ledger and metrics (the demo prints a line).
         self.request_listeners: list[Callable[[Observation], None]] = []
 

@@ -22,11 +22,11 @@ from prometheus_client import CollectorRegistry, multiprocess, start_http_server
 from uvicorn.supervisors import Multiprocess
 
 from gateway.app import GatewayApp, create_app
-from gateway.auth import is_loopback
 from gateway.ledger.settings import resolve_ledger
-from gateway.observation import Observation
 from gateway.policy.load import PolicyError
 from gateway.policy.reload import PolicyHolder
+from gateway.request.auth import is_loopback
+from gateway.request.observation import Observation
 from gateway.runtime import Runtime
 from gateway.store import STORES
 

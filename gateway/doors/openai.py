@@ -10,14 +10,14 @@ import orjson
 from starlette.responses import Response
 
 from gateway.api.responses import error_response
-from gateway.dialect import estimate_tokens, prompt_chars
 from gateway.errors import GatewayError, InvalidRequest, ModelNotFound
 from gateway.policy.compiled import CompiledPolicy, CompiledRoute
-from gateway.streaming import error_event
+from gateway.request.dialect import estimate_tokens, prompt_chars
+from gateway.request.streaming import error_event
 
 if TYPE_CHECKING:
     from gateway.doors import StreamTranslator
-    from gateway.exchange import ClientRequest, Exchange
+    from gateway.request.exchange import ClientRequest, Exchange
 
 
 class OpenAIDoor:
@@ -28,7 +28,7 @@ class OpenAIDoor:
         self.upstream_path = "/chat/completions" if name == "chat" else "/completions"
 
     def parse(self, body: bytes, policy: CompiledPolicy, chars_per_token: float) -> ClientRequest:
-        from gateway.exchange import ClientRequest
+        from gateway.request.exchange import ClientRequest
 
         payload = json_object(body)
         route = route_of(payload.get("model"), policy)

@@ -7,7 +7,7 @@ from collections.abc import Mapping
 from types import MappingProxyType
 from typing import NamedTuple
 
-from gateway.observation import Observation
+from gateway.request.observation import Observation
 
 
 class LedgerRow(NamedTuple):

@@ -10,10 +10,10 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from gateway.budgets import period_bounds
 from gateway.ledger.database import LedgerDatabase, LedgerUnavailable
 from gateway.ledger.rows import SpendTotal
-from gateway.spend import SpendTally
+from gateway.money.budgets import period_bounds
+from gateway.money.spend import SpendTally
 
 log = logging.getLogger("gateway.ledger")
 RECENT_ROWS = 50

@@ -9,7 +9,6 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from gateway.auth import ApiKey
 from gateway.policy.schema import (
     Accounting,
     Budgets,
@@ -27,6 +26,7 @@ from gateway.policy.schema import (
     Tuning,
     WhenInfeasible,
 )
+from gateway.request.auth import ApiKey
 
 
 @dataclass(frozen=True, slots=True)

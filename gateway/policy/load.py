@@ -17,8 +17,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from gateway.auth import ApiKey
-from gateway.costs import per_token, pool_usd_per_token
+from gateway.money.costs import per_token, pool_usd_per_token
 from gateway.policy import schema
 from gateway.policy.compiled import CompiledBackend, CompiledPolicy, CompiledRoute, PoolPrice, TokenPrices
 from gateway.policy.document import (
@@ -30,6 +29,7 @@ from gateway.policy.document import (
     decode,
     parse,
 )
+from gateway.request.auth import ApiKey
 
 __all__ = ["PolicyError", "PolicyFileUnreadable", "Problem", "compile_policy_bytes", "load_policy"]
 

@@ -10,7 +10,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from gateway.budgets import period_bounds
+from gateway.money.budgets import period_bounds
 from tests.conftest import Gateway
 
 from .chromium import chromium, chromium_path

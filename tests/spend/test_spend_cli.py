@@ -15,9 +15,9 @@ from typing import Any
 import pytest
 
 from gateway.ledger.settings import LEDGER_ENV, resolve_ledger
+from gateway.money.spend import parse_since
 from gateway.policy.compiled import CompiledPolicy
 from gateway.policy.load import load_policy
-from gateway.spend import parse_since
 from tests.servers import python_module
 
 from .conftest import MakeGateway, chat, ledger_path, ledger_rows, settle

@@ -8,10 +8,10 @@ import math
 from dataclasses import dataclass
 
 from gateway.errors import GatewayError
-from gateway.observation import Observation
 from gateway.policy.compiled import CompiledPolicy
 from gateway.policy.decide import Decision
 from gateway.policy.schema import RateLimit
+from gateway.request.observation import Observation
 from gateway.store import Store, Verdict, WindowCharge
 
 

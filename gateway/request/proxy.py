@@ -16,9 +16,7 @@ from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response
 from starlette.types import Receive, Scope, Send
 
-from gateway.auth import authorize_route
 from gateway.backends import UpstreamCall
-from gateway.dialect import insert_usage_cost, read_completion
 from gateway.doors import Door
 from gateway.errors import (
     AttemptFailure,
@@ -29,11 +27,13 @@ from gateway.errors import (
     UpstreamError,
     UpstreamTimeout,
 )
-from gateway.exchange import ClientRequest, Exchange
-from gateway.observation import Attempt, Observation
-from gateway.resume import transcript_for
+from gateway.request.auth import authorize_route
+from gateway.request.dialect import insert_usage_cost, read_completion
+from gateway.request.exchange import ClientRequest, Exchange
+from gateway.request.observation import Attempt, Observation
+from gateway.request.resume import transcript_for
+from gateway.request.streaming import StreamMeter, StreamRelay, first_events
 from gateway.runtime import Runtime
-from gateway.streaming import StreamMeter, StreamRelay, first_events
 
 log = logging.getLogger("gateway")
 

@@ -9,9 +9,9 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
 
-from gateway.health import CircuitBreaker, CircuitState, is_backend_failure
-from gateway.observation import Attempt
-from gateway.signals import LoadSignals
+from gateway.measure.health import CircuitBreaker, CircuitState, is_backend_failure
+from gateway.measure.signals import LoadSignals
+from gateway.request.observation import Attempt
 
 _NO_ROUTES: Mapping[str, float] = MappingProxyType({})
 

@@ -13,17 +13,17 @@ from collections.abc import Awaitable, Callable, MutableMapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from gateway.auth import ApiKey
 from gateway.backends import Upstream, UpstreamCall
-from gateway.observation import Attempt, Observation
+from gateway.measure.stats import AttemptTicket
 from gateway.policy.compiled import CompiledPolicy, CompiledRoute
 from gateway.policy.decide import Decision
-from gateway.stats import AttemptTicket
+from gateway.request.auth import ApiKey
+from gateway.request.observation import Attempt, Observation
 
 if TYPE_CHECKING:
-    from gateway.budgets import Reservation
     from gateway.doors import Door
-    from gateway.ratelimit import HeldTokens
+    from gateway.money.budgets import Reservation
+    from gateway.money.ratelimit import HeldTokens
     from gateway.runtime import Runtime
 
 Receive = Callable[[], Awaitable[MutableMapping[str, Any]]]

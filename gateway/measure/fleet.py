@@ -13,13 +13,13 @@ from typing import Any, get_args
 
 import orjson
 
-from gateway.health import CircuitState
-from gateway.observation import Attempt, AttemptStatus, Usage
+from gateway.measure.health import CircuitState
+from gateway.measure.stats import LiveStats
 from gateway.policy.compiled import CompiledPolicy
-from gateway.stats import LiveStats
+from gateway.request.observation import Attempt, AttemptStatus, Usage
 from gateway.store import Message, Store
 
-log = logging.getLogger("gateway.fleet")
+log = logging.getLogger("gateway.measure.fleet")
 
 STATUSES = frozenset(get_args(AttemptStatus))
 OUTBOX_MAX = 5_000  # attempts kept between two syncs; past that the oldest go unshared

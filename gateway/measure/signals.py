@@ -24,7 +24,7 @@ from gateway.policy.compiled import CompiledBackend
 # A GET through the process's upstream HTTP stack: (url, headers, timeout_s) -> what came back.
 Fetch = Callable[[str, "dict[str, str] | None", float], Awaitable[Fetched]]
 
-logger = logging.getLogger("gateway.signals")
+logger = logging.getLogger("gateway.measure.signals")
 
 
 @dataclass(frozen=True, slots=True)

@@ -15,15 +15,15 @@ from typing import TYPE_CHECKING, Any
 import orjson
 
 from gateway.backends import UpstreamCall
-from gateway.dialect import REASONING_FIELDS, counted_usage, insert_usage_cost, usage_from
 from gateway.errors import AttemptFailure, error_bytes
-from gateway.observation import Attempt, Usage
-from gateway.resume import resume_stream
+from gateway.request.dialect import REASONING_FIELDS, counted_usage, insert_usage_cost, usage_from
+from gateway.request.observation import Attempt, Usage
+from gateway.request.resume import resume_stream
 
 if TYPE_CHECKING:
     from gateway.doors import StreamTranslator
-    from gateway.exchange import Exchange
-    from gateway.resume import Transcript
+    from gateway.request.exchange import Exchange
+    from gateway.request.resume import Transcript
 
 DRAIN_TIMEOUT_S = 1.0
 Clock = Callable[[], float]
@@ -223,7 +223,7 @@ def error_event(message: str, code: str) -> bytes:
 
 class StreamRelay:
     """An ASGI response that relays an open upstream stream; its end settles the exchange. A stream
-    that breaks off may go on from another backend (``gateway.resume``) when its route allows."""
+    that breaks off may go on from another backend (``gateway.request.resume``) when its route allows."""
 
     __slots__ = (
         "_attempt",

@@ -9,9 +9,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from types import MappingProxyType
 
-from gateway.observation import Usage
 from gateway.policy.compiled import CompiledBackend
 from gateway.policy.schema import Thinking
+from gateway.request.observation import Usage
 
 SECONDS_PER_HOUR = 3600.0
 TOKENS_PER_MTOK = 1e6

@@ -19,10 +19,10 @@ from typing import Any
 
 import orjson
 
-from gateway.budgets import period_bounds, period_id
-from gateway.costs import SECONDS_PER_HOUR, usd_per_mtok_of
 from gateway.ledger import LedgerDatabase, LedgerReader, LedgerUnavailable, SpendTotal, open_database
 from gateway.ledger.settings import resolve_ledger
+from gateway.money.budgets import period_bounds, period_id
+from gateway.money.costs import SECONDS_PER_HOUR, usd_per_mtok_of
 from gateway.policy.load import PolicyError, load_policy
 
 UNITS_S = MappingProxyType({"s": 1, "m": 60, "h": 3600, "d": 86_400, "w": 604_800})

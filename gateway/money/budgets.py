@@ -15,13 +15,13 @@ from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Literal, NamedTuple
 
-from gateway.costs import amortized_expected_cost
 from gateway.errors import GatewayError
 from gateway.ledger import LedgerDatabase, LedgerUnavailable
-from gateway.observation import Observation
+from gateway.money.costs import amortized_expected_cost
 from gateway.policy.compiled import CompiledBackend, CompiledPolicy, CompiledRoute
 from gateway.policy.decide import CandidateEval, Decision
 from gateway.policy.schema import Budgets as BudgetLimits
+from gateway.request.observation import Observation
 from gateway.store import ADMITTED, Ask, Store, Verdict, WindowCharge
 from gateway.store.memory import MemoryStore
 
