@@ -42,7 +42,7 @@ def policy_text(backends: int) -> str:
 
 
 def finished_attempt(backend: str, started: float, ttft_s: float, tokens_per_s: float) -> Any:
-    from gateway.observation import Attempt, Usage
+    from gateway.request.observation import Attempt, Usage
 
     completion = 900
     return Attempt(
@@ -58,9 +58,9 @@ def finished_attempt(backend: str, started: float, ttft_s: float, tokens_per_s: 
 
 def build(backends: int = BACKENDS, seed: int = 1) -> tuple[Any, Any, Any, Clock, random.Random]:
     """A compiled policy, its route, live stats with traffic on every backend, the clock and an rng."""
+    from gateway.measure.signals import LoadSignals
+    from gateway.measure.stats import LiveStats
     from gateway.policy.load import compile_policy_text
-    from gateway.signals import LoadSignals
-    from gateway.stats import LiveStats
 
     policy = compile_policy_text(policy_text(backends), "bench-decision.yaml")
     route = policy.routes["kimi-k3"]

@@ -17,7 +17,7 @@ from starlette.types import Receive, Scope, Send
 
 from gateway.api import admin, dashboard, openai
 from gateway.api.responses import exception_handlers
-from gateway.proxy import serve
+from gateway.request.proxy import serve
 from gateway.runtime import Runtime
 
 

@@ -13,8 +13,9 @@ import os
 import sys
 from pathlib import Path
 
-from gateway.ledger_location import LEDGER_ENV
 from gateway.version import gateway_version
+
+LEDGER_ENV = "GATEWAY_LEDGER"  # gateway.ledger.settings reads it; named here so --help stays light
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_POLICY = REPO_ROOT / "policies" / "default.yaml"
@@ -86,8 +87,8 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument(
         "--ledger",
         default=None,
-        help=f"ledger SQLite file (default: ${LEDGER_ENV}, else the policy's ledger.path, relative to the "
-        "current folder)",
+        help=f"a SQLite file or a postgresql:// URL (default: ${LEDGER_ENV}, else the policy's ledger.url, "
+        "else its ledger.path, relative to the current folder)",
     )
     serve.add_argument(
         "--redis-url",
@@ -148,15 +149,18 @@ def build_parser() -> argparse.ArgumentParser:
         "gateway spend                                   # by route, last 24 h, the ledger serve writes",
         "gateway spend --by backend --since 7d --policy policies/default.yaml   # with pools' idle cost",
         "gateway spend --by key --since 2026-06-01 --format csv --ledger /var/lib/gateway/ledger.sqlite3",
+        "gateway spend --by replica --ledger postgresql://gateway@db/gateway   # the fleet's shared ledger",
     )
-    spend.add_argument("--by", default="route", choices=["route", "backend", "key"], help="one row per")
+    spend.add_argument(
+        "--by", default="route", choices=["route", "backend", "key", "replica"], help="one row per"
+    )
     spend.add_argument("--since", default="24h", help="a span (24h, 30m, 7d) or an ISO date (UTC)")
     spend.add_argument("--format", default="table", choices=["table", "csv", "json"], help="output format")
     spend.add_argument(
         "--ledger",
         default=None,
-        help=f"the ledger SQLite file (default: found as serve finds it: ${LEDGER_ENV}, else the policy's "
-        "ledger.path, relative to the current folder)",
+        help=f"a SQLite file or a postgresql:// URL (default: found as serve finds it: ${LEDGER_ENV}, else "
+        "the policy's ledger.url or ledger.path, relative to the current folder)",
     )
     spend.add_argument(
         "--policy",
@@ -165,6 +169,30 @@ def build_parser() -> argparse.ArgumentParser:
         "policies/default.yaml for the ledger, no idle cost)",
     )
     spend.set_defaults(func=cmd_spend)
+
+    ledger = command(
+        "ledger",
+        "manage the ledger database",
+        "gateway ledger migrate                          # the ledger serve would write",
+        "gateway ledger migrate --ledger postgresql://gateway@db/gateway",
+    )
+    ledger_sub = ledger.add_subparsers(required=True, metavar="ACTION")
+    migrate = ledger_sub.add_parser(
+        "migrate",
+        help="create the ledger or bring its schema to this version (serve does it at start-up too)",
+        description="Create the ledger or bring its schema to the version this gateway ships, and say "
+        "which migrations were applied.",
+        formatter_class=HelpFormatter,
+        epilog=examples("gateway ledger migrate --ledger postgresql://gateway@db/gateway"),
+    )
+    migrate.add_argument(
+        "--ledger",
+        default=None,
+        help=f"a SQLite file or a postgresql:// URL (default: as serve finds it: ${LEDGER_ENV}, else "
+        "the policy's)",
+    )
+    migrate.add_argument("--policy", default=str(DEFAULT_POLICY), help="the policy that names the ledger")
+    migrate.set_defaults(func=cmd_ledger_migrate)
 
     check = command(
         "check",
@@ -246,9 +274,15 @@ def cmd_keys_list(args: argparse.Namespace) -> int:
 
 
 def cmd_spend(args: argparse.Namespace) -> int:
-    from gateway.spend import spend_main
+    from gateway.money.spend import spend_main
 
     return spend_main(args, str(DEFAULT_POLICY))
+
+
+def cmd_ledger_migrate(args: argparse.Namespace) -> int:
+    from gateway.ledger.migrate import migrate_main
+
+    return migrate_main(args.ledger, args.policy)
 
 
 def cmd_check(args: argparse.Namespace) -> int:

@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import sys
 
-from gateway.auth import ALL_ROUTES, ApiKey, new_key, policy_line
 from gateway.policy.compiled import CompiledPolicy
 from gateway.policy.load import PolicyError, load_policy
 from gateway.policy.schema import Budgets, RateLimit
+from gateway.request.auth import ALL_ROUTES, ApiKey, new_key, policy_line
 
 DIGEST_SHOWN = 8  # enough to tell keys apart, too little to be the digest
 

@@ -8,7 +8,7 @@ import sys
 from collections.abc import Callable
 from typing import TextIO
 
-from gateway.observation import Observation
+from gateway.request.observation import Observation
 
 
 def request_line(observation: Observation) -> str:

@@ -21,27 +21,30 @@ from typing import Any, Protocol
 
 from starlette.datastructures import Headers
 
-from gateway.auth import ApiKey, AuthenticationFailed, PermissionDenied, authenticate
 from gateway.backends import Backends
-from gateway.budgets import Budgets
-from gateway.costs import attempt_cost
 from gateway.errors import GatewayError, UpstreamClientError, UpstreamError
-from gateway.exchange import Exchange
-from gateway.fleet import Fleet
-from gateway.health import CircuitBreaker
-from gateway.ledger import Ledger, row_of
+from gateway.ledger import row_of
+from gateway.ledger.settings import open_ledger, replica_name, resolve_ledger
+from gateway.ledger.view import LedgerView
+from gateway.measure.fleet import Fleet
+from gateway.measure.health import CircuitBreaker
+from gateway.measure.probes import Prober
+from gateway.measure.signals import SignalScraper
+from gateway.measure.stats import AttemptTicket, BackendView, LiveStats
 from gateway.metrics import GatewayMetrics
-from gateway.observation import Attempt, Observation
+from gateway.metrics.live import MetricSources
+from gateway.metrics.routing import RoutingCollector
+from gateway.money.budgets import Budgets
+from gateway.money.costs import attempt_cost
+from gateway.money.ratelimit import RateLimits
+from gateway.money.spend import SpendTally, seed_tally
 from gateway.policy.compiled import CompiledPolicy, CompiledRoute
 from gateway.policy.decide import Decision, DecisionMemo, RequestFeatures, decide
-from gateway.probes import Prober
-from gateway.ratelimit import RateLimits
-from gateway.routing_metrics import RoutingCollector
-from gateway.signals import SignalScraper
-from gateway.spend import SpendTally, seed_tally
-from gateway.stats import AttemptTicket, BackendView, LiveStats
+from gateway.request.auth import ApiKey, AuthenticationFailed, PermissionDenied, authenticate
+from gateway.request.exchange import Exchange
+from gateway.request.observation import Attempt, Observation, Usage
+from gateway.request.waiting import WaitingRoom, retry_after_seconds
 from gateway.store import open_store
-from gateway.waiting import WaitingRoom, retry_after_seconds
 
 log = logging.getLogger("gateway")
 
@@ -101,13 +104,11 @@ class Runtime:
         self._tasks: list[asyncio.Task[Any]] = []
         # Spend: each finished request feeds its ledger row, live totals, budget counters and metrics.
         self.wall_clock = wall_clock
-        settings = self.policy.ledger
-        self.ledger = Ledger(
-            Path(ledger_path or settings.path),
-            flush_interval_s=settings.flush_interval_s,
-            batch_size=settings.batch_size,
-        )
+        location = resolve_ledger(ledger_path, lambda: self.policy)
+        self.ledger = open_ledger(self.policy.ledger, location.target)
+        self.replica = replica_name()
         self.spend = SpendTally()
+        self.ledger_view = LedgerView(self.ledger.database, wall_clock)
         # Shared state: ``redis_url`` (the CLI's) wins over the policy's store.redis_url; none: memory.
         self.store = open_store(self.policy.store, redis_url, wall_clock)
         self.budgets = Budgets(self.store)
@@ -118,7 +119,18 @@ class Runtime:
             self.fleet = Fleet(self.stats, self.store, lambda: self.policy, clock, interval)
         self.waiting = WaitingRoom(clock)
         self.probes = Prober(self)
-        self.metrics = GatewayMetrics(self)
+        self.metrics = GatewayMetrics(
+            MetricSources(
+                policy=lambda: self.policy,
+                policy_source=self.policy_source,
+                stats=self.stats,
+                budgets=self.budgets,
+                ledger=self.ledger,
+                store_health=self.store.health,
+                errors_returned=self.errors_returned,
+                wall_clock=wall_clock,
+            )
+        )
         self.metrics.registry.register(RoutingCollector(self))
         # Called with each settled request, after the ledger and metrics (the demo prints a line).
         self.request_listeners: list[Callable[[Observation], None]] = []
@@ -148,6 +160,7 @@ class Runtime:
             self._tasks.append(loop.create_task(self.fleet.run()))
         self._tasks.extend(loop.create_task(task) for task in self.metrics.background())
         self._tasks.append(loop.create_task(self.probes.run()))
+        self._tasks.append(loop.create_task(self.ledger_view.run()))
 
     async def close(self) -> None:
         for task in self._tasks:
@@ -224,16 +237,30 @@ class Runtime:
         self.waiting.notify()
         if self.fleet is not None:
             self.fleet.attempt_finished(attempt, observation.route)
-        backend = exchange.policy.backends[attempt.backend]
         if attempt.usage is not None:
-            view = self.stats.view(attempt.backend)
-            cost = attempt_cost(
-                backend, attempt.usage, view.aggregate_tokens_per_s, view.prefill_tokens_per_s
-            )
-            observation.cost_usd = (observation.cost_usd or 0.0) + cost.usd
-            observation.cost_basis = cost.basis
-            if backend.pool_price is not None:
-                observation.prefill_cost_usd = (observation.prefill_cost_usd or 0.0) + cost.prefill_usd
+            if attempt.cost_usd is None:
+                self._price(exchange, attempt, attempt.usage)
+            observation.cost_usd = (observation.cost_usd or 0.0) + (attempt.cost_usd or 0.0)
+            observation.cost_basis = attempt.cost_basis
+            if attempt.prefill_cost_usd is not None:
+                observation.prefill_cost_usd = (
+                    observation.prefill_cost_usd or 0.0
+                ) + attempt.prefill_cost_usd
+
+    def cost_so_far(self, exchange: Exchange, attempt: Attempt, usage: Usage) -> tuple[float, str | None]:
+        """What the request has cost with ``attempt`` at its final ``usage``, for the client's usage
+        object; the attempt keeps that price, so the ledger says the same."""
+        observation = exchange.observation
+        assert observation is not None
+        self._price(exchange, attempt, usage)
+        return (observation.cost_usd or 0.0) + (attempt.cost_usd or 0.0), attempt.cost_basis
+
+    def _price(self, exchange: Exchange, attempt: Attempt, usage: Usage) -> None:
+        backend = exchange.policy.backends[attempt.backend]
+        view = self.stats.view(attempt.backend)
+        cost = attempt_cost(backend, usage, view.aggregate_tokens_per_s, view.prefill_tokens_per_s)
+        attempt.cost_usd, attempt.cost_basis = cost.usd, cost.basis
+        attempt.prefill_cost_usd = cost.prefill_usd if backend.pool_price is not None else None
 
     def error_returned(self, error: GatewayError) -> None:
         origin = "upstream" if isinstance(error, (UpstreamError, UpstreamClientError)) else "gateway"
@@ -282,15 +309,15 @@ class Runtime:
             retry_after_s,
         )
         observation.queued_s += waited
-        exchange.decision = decision
+        exchange.decision, exchange.order = decision, decision.order
         observation.decision_reason = f"{decision.reason}_after_wait"
         return decision.order
 
     async def _start_spend(self) -> None:
         await self.ledger.start()
         # Today's spend and this period's budget counters carry over a restart, from the ledger.
-        await asyncio.to_thread(seed_tally, self.spend, self.ledger.path, self.wall_clock())
-        await self.budgets.seed(self.ledger.path, self.wall_clock())
+        await asyncio.to_thread(seed_tally, self.spend, self.ledger.database, self.wall_clock())
+        await self.budgets.seed(self.ledger.database, self.wall_clock())
 
     def settle(self, exchange: Exchange) -> None:
         """Close the books on a finished request: its reservations, ledger row, live spend, metrics."""
@@ -301,7 +328,9 @@ class Runtime:
         self.rate_limits.settle(exchange.tokens, observation)
         backend = exchange.policy.backends.get(observation.backend or "")
         reserved = None if exchange.budget is None else exchange.budget.amount
-        row = row_of(observation, started_wall, None if backend is None else backend.model, reserved)
+        row = row_of(
+            observation, started_wall, None if backend is None else backend.model, reserved, self.replica
+        )
         self.ledger.append(row)
         self.spend.add(started_wall, observation.route, row.cost_usd)
         self.recent.append(observation)

@@ -22,11 +22,11 @@ from prometheus_client import CollectorRegistry, multiprocess, start_http_server
 from uvicorn.supervisors import Multiprocess
 
 from gateway.app import GatewayApp, create_app
-from gateway.auth import is_loopback
-from gateway.ledger_location import resolve_ledger
-from gateway.observation import Observation
+from gateway.ledger.settings import resolve_ledger
 from gateway.policy.load import PolicyError
 from gateway.policy.reload import PolicyHolder
+from gateway.request.auth import is_loopback
+from gateway.request.observation import Observation
 from gateway.runtime import Runtime
 from gateway.store import STORES
 
@@ -70,7 +70,7 @@ def serve(
         return 2
     require_keys = public and not allow_open
     ledger = resolve_ledger(ledger_path, lambda: holder.current)
-    ledger_path = str(ledger.path)
+    ledger_path = str(ledger.target)
     if redis_url and redis_url.partition("://")[0].lower() not in STORES:
         print(
             f"gateway: --redis-url must start with one of: {', '.join(f'{s}://' for s in STORES)}",

@@ -23,6 +23,10 @@ if ! command -v promtool >/dev/null || ! command -v chromium >/dev/null || ! com
   DEBIAN_FRONTEND=noninteractive apt-get install -y -qq prometheus chromium redis-server >/dev/null
 fi
 
+step "PostgreSQL on 127.0.0.1:5432 (ledger tests; installed and started only where none answers)"
+GATEWAY_TEST_POSTGRES="$(bash tests/setup_postgres.sh)"
+export GATEWAY_TEST_POSTGRES
+
 step "real llama.cpp upstream (cached portable wheel + Gemma 3 270M GGUF)"
 bash tests/real/setup_llamacpp.sh
 

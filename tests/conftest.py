@@ -17,6 +17,7 @@ from gateway.app import create_app
 from gateway.emulator import create_emulator_app
 from gateway.policy.reload import PolicyHolder
 from gateway.runtime import Runtime
+from tests.postgres import scratch_database, url_of
 from tests.servers import ThreadedServer, threaded_server
 
 os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
@@ -156,3 +157,20 @@ def gateway(upstreams: Upstreams, tmp_path: Path, monkeypatch: pytest.MonkeyPatc
     with running_gateway(path) as gateway:
         yield gateway
     upstreams.reset()
+
+
+@pytest.fixture(scope="session")
+def postgres_database() -> Iterator[str]:
+    with scratch_database() as name:
+        yield name
+
+
+@pytest.fixture
+def postgres_url(postgres_database: str) -> Iterator[str]:
+    """The run's database, emptied for each test."""
+    import psycopg
+
+    url = url_of(postgres_database)
+    with psycopg.connect(url, autocommit=True) as conn:
+        conn.execute("DROP TABLE IF EXISTS requests, probes, schema_migrations")
+    yield url

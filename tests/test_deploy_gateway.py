@@ -684,7 +684,7 @@ def test_every_service_selects_its_pods_and_their_named_port(k8s: list[dict[str,
     for service in objects(k8s, "Service"):
         pods = [
             d
-            for d in objects(k8s, "Deployment")
+            for d in objects(k8s, "Deployment") + objects(k8s, "StatefulSet")
             if selects(service["spec"]["selector"], d["spec"]["template"]["metadata"]["labels"])
         ]
         assert len(pods) == 1, service["metadata"]["name"]
@@ -702,7 +702,7 @@ def test_the_redis_url_names_the_redis_service(k8s: list[dict[str, Any]]) -> Non
 
 
 def test_paid_backend_keys_come_from_the_secret_template(k8s: list[dict[str, Any]]) -> None:
-    (secret,) = objects(k8s, "Secret")
+    secret = named(k8s, "Secret", "gateway-backend-keys")
     assert all(value == "" for value in secret["stringData"].values()), "the template holds no secret"
     env = container_env(main_container(gateway_deployment(k8s)))
     backends = yaml.safe_load(REAL_POOLS.read_text())["backends"].values()

@@ -13,8 +13,8 @@ import httpx
 import orjson
 import pytest
 
-from gateway import proxy as request_path
-from gateway.exchange import Exchange
+from gateway.request import proxy as request_path
+from gateway.request.exchange import Exchange
 from tests.conftest import Gateway, Upstreams, policy_yaml
 from tests.spend.conftest import ledger_rows
 

@@ -116,7 +116,7 @@ def ledger_rows(gateway: Gateway, table: str = "requests") -> list[dict[str, Any
     conn = sqlite3.connect(runtime.ledger.path)
     conn.row_factory = sqlite3.Row
     try:
-        return [dict(row) for row in conn.execute(f"SELECT * FROM {table} ORDER BY id")]
+        return [dict(row) for row in conn.execute(f"SELECT * FROM {table} ORDER BY rowid")]
     finally:
         conn.close()
 

@@ -308,3 +308,39 @@ def test_a_stream_that_goes_silent_ends_with_a_timeout_event(gateway: Gateway, u
             pass
     attempt = last_observation(gateway).final
     assert attempt.status == "timeout"
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_answers_name_the_route_asked_for_and_the_upstream_model_in_a_header(
+    gateway: Gateway, stream: bool
+) -> None:
+    """The model field says what the client asked for (as most gateways do); the backend's own model
+    name is in ``x-gateway-upstream-model``."""
+    raw = sdk(gateway).chat.completions.with_raw_response.create(
+        model="vllm-only", messages=HELLO, stream=stream
+    )
+    assert raw.headers["x-gateway-upstream-model"] == "moonshotai/Kimi-K3"
+    parsed = raw.parse()
+    models = {chunk.model for chunk in parsed} if stream else {parsed.model}  # type: ignore[union-attr]
+    assert models == {"vllm-only"}
+
+
+@pytest.mark.parametrize("route", ["vllm-only", "paid-only"])
+def test_the_openai_sdk_reads_the_cost_from_the_usage_streamed_or_not(gateway: Gateway, route: str) -> None:
+    """As OpenRouter does: ``usage.cost`` (USD) and ``usage.cost_basis``, equal to the ledger's cost."""
+    client = sdk(gateway)
+    whole = client.chat.completions.create(model=route, messages=HELLO)
+    assert whole.usage is not None
+    whole_cost = whole.usage.model_extra["cost"]  # type: ignore[index]
+    assert whole_cost > 0 and whole.usage.model_extra["cost_basis"] in ("per_token", "gpu_hours_amortized")  # type: ignore[index]
+    assert whole_cost == pytest.approx(last_observation(gateway).cost_usd, rel=1e-6)
+
+    stream = client.chat.completions.create(
+        model=route, messages=HELLO, stream=True, stream_options={"include_usage": True}
+    )
+    usages = [chunk.usage for chunk in stream if chunk.usage is not None]
+    assert len(usages) == 1
+    streamed_cost = usages[0].model_extra["cost"]  # type: ignore[index]
+    wait_for(lambda: len(gateway.runtime.recent) == 2)
+    assert streamed_cost > 0
+    assert streamed_cost == pytest.approx(gateway.runtime.recent[-1].cost_usd, rel=1e-6)

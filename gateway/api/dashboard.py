@@ -16,9 +16,11 @@ from starlette.types import Receive, Scope, Send
 
 from gateway.api.admin import admin_only, runtime_of
 from gateway.api.responses import json_response
-from gateway.costs import effective_usd_per_mtok
 from gateway.errors import error_bytes
-from gateway.observation import Observation
+from gateway.ledger.view import LedgerSnapshot
+from gateway.money.costs import SECONDS_PER_HOUR, effective_usd_per_mtok
+from gateway.policy.compiled import CompiledPolicy
+from gateway.request.observation import Observation
 from gateway.runtime import Runtime
 
 STATIC_DIR = Path(__file__).resolve().parent.parent / "static"
@@ -51,12 +53,20 @@ async def serve_metrics_port(runtime: Runtime, scope: Scope, receive: Receive, s
 def dashboard_data(runtime: Runtime) -> dict[str, Any]:
     wall = runtime.wall_clock()
     policy = runtime.policy
-    times, series = runtime.spend.series(wall)
+    view = runtime.ledger_view.snapshot
+    ledger = runtime.ledger
+    shared = ledger.database.shared
+    # A shared ledger shows the fleet (as of the view's last read); a file of our own, this process
+    # live, counted as each request ends.
+    tally = view.tally if shared and view.tally is not None else runtime.spend
+    times, series = tally.series(wall)
     return {
         "now": wall,
+        "replica": runtime.replica,
         "policy": {"source": policy.source, "digest": policy.digest[:12]},
-        "routes": _routes(runtime, wall, series),
-        "series": {"bucket_s": runtime.spend.bucket_s, "times": times, "routes": series},
+        "routes": _routes(runtime, tally.today(wall), view, series),
+        "series": {"bucket_s": tally.bucket_s, "times": times, "routes": series},
+        "pools": pool_rows(policy, view),
         "backends": _backends(runtime),
         "budgets": [
             {
@@ -70,23 +80,72 @@ def dashboard_data(runtime: Runtime) -> dict[str, Any]:
             }
             for use in runtime.budgets.usage(policy, wall)
         ],
-        "recent": [_recent(runtime, o, wall) for o in list(runtime.recent)[-RECENT_SHOWN:][::-1]],
-        "ledger": {"pending_rows": runtime.ledger.pending, "rows_written": runtime.ledger.rows_written},
+        "replicas": [
+            {"replica": t.key, "today_usd": t.cost_usd, "today_requests": t.requests, "errors": t.errors}
+            for t in view.replicas
+        ]
+        if shared
+        else [],
+        "recent": _fleet_recent(view) if shared else _local_recent(runtime, wall),
+        "ledger": {
+            "location": ledger.location,
+            "shared": shared,
+            "up": ledger.up,
+            "pending_rows": ledger.pending,
+            "rows_written": ledger.rows_written,
+            "read_at": view.read_at,
+            "error": view.error,
+        },
     }
 
 
-def _routes(runtime: Runtime, wall: float, series: dict[str, list[float]]) -> list[dict[str, Any]]:
-    today = runtime.spend.today(wall)
+def _routes(
+    runtime: Runtime,
+    today: dict[str, tuple[float, int]],
+    view: LedgerSnapshot,
+    series: dict[str, list[float]],
+) -> list[dict[str, Any]]:
     names = list(runtime.policy.routes) + sorted(set(today) - set(runtime.policy.routes))
     rows = []
     for name in names:
         usd, requests = today.get(name, (0.0, 0))
+        seen = view.routes.get(name)
         rows.append(
             {
                 "route": name,
                 "today_usd": usd,
                 "today_requests": requests,
                 "last_hour_usd": sum(series.get(name, ())),
+                "errors_today": 0 if seen is None else seen.errors,
+                "fallbacks_today": 0 if seen is None else seen.fallbacks,
+            }
+        )
+    return rows
+
+
+def pool_rows(policy: CompiledPolicy, view: LedgerSnapshot) -> list[dict[str, Any]]:
+    """Each GPU-hour pool today: its price times the hours since midnight UTC (or since the ledger's
+    first row, if later), split into what requests were charged and the idle rest."""
+    if view.read_at is None:
+        return []
+    start = max(view.day_start, view.earliest if view.earliest is not None else view.read_at)
+    hours = max(0.0, view.read_at - start) / SECONDS_PER_HOUR
+    rows = []
+    for name, backend in policy.backends.items():
+        if backend.pool_price is None:
+            continue
+        total = backend.pool_price.usd_per_hour * hours
+        seen = view.backends.get(name)
+        attributed = 0.0 if seen is None else seen.cost_usd
+        rows.append(
+            {
+                "backend": name,
+                "usd_per_hour": backend.pool_price.usd_per_hour,
+                "hours": hours,
+                "attributed_usd": attributed,
+                "idle_usd": max(0.0, total - attributed),
+                "pool_usd": total,
+                "requests": 0 if seen is None else seen.requests,
             }
         )
     return rows
@@ -115,14 +174,22 @@ def _backends(runtime: Runtime) -> list[dict[str, Any]]:
     return rows
 
 
+def _local_recent(runtime: Runtime, wall: float) -> list[dict[str, Any]]:
+    """This process's last requests, newest start first (the time shown is when each started)."""
+    shown = [_recent(runtime, o, wall) for o in list(runtime.recent)[-RECENT_SHOWN:]]
+    return sorted(shown, key=lambda r: r["time"], reverse=True)
+
+
 def _recent(runtime: Runtime, observation: Observation, wall: float) -> dict[str, Any]:
     final = observation.final
     return {
         "time": wall - (runtime.clock() - observation.started_at),
         "request_id": observation.request_id,
+        "replica": runtime.replica,
         "route": observation.route,
         "backend": observation.backend,
         "tried": [a.backend for a in observation.attempts],
+        "attempts": len(observation.attempts),
         "reason": observation.decision_reason,
         "status": observation.status if observation.status == "ok" else observation.error_type,
         "cost_usd": observation.cost_usd,
@@ -130,6 +197,28 @@ def _recent(runtime: Runtime, observation: Observation, wall: float) -> dict[str
         "ttft_s": None if final is None else final.ttft_s,
         "api_key": observation.api_key_name,
     }
+
+
+def _fleet_recent(view: LedgerSnapshot) -> list[dict[str, Any]]:
+    """The fleet's newest rows as the shared ledger has them (already newest start first)."""
+    return [
+        {
+            "time": row["time"],
+            "request_id": row["request_id"],
+            "replica": row["replica"],
+            "route": row["route"],
+            "backend": row["backend"],
+            "tried": [],
+            "attempts": row["attempts"],
+            "reason": row["decision_reason"],
+            "status": row["status"] if row["status"] == "ok" else row["error_type"],
+            "cost_usd": row["cost_usd"],
+            "expected_cost_usd": None,
+            "ttft_s": row["ttft_s"],
+            "api_key": row["api_key_name"],
+        }
+        for row in view.recent
+    ]
 
 
 routes = [

@@ -11,7 +11,7 @@ from gateway.api.admin import runtime_of
 from gateway.api.responses import json_response
 from gateway.doors import Door
 from gateway.doors.openai import CHAT, COMPLETIONS
-from gateway.proxy import serve
+from gateway.request.proxy import serve
 
 # The paths ``GatewayApp`` serves without Starlette's router (the Routes below stay for the rest).
 HOT_PATHS: dict[str, Door] = {

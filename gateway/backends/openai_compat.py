@@ -3,7 +3,7 @@
 It owns the pooled aiohttp session and is the one place aiohttp objects and exceptions exist: every
 failure leaves here as ``AttemptFailure``, every answer as an ``OpenAICompatUpstream`` handle.
 Dialect differences that matter for measuring (usage shapes, reasoning fields) are read in
-``gateway.dialect``.
+``gateway.request.dialect``.
 """
 
 from __future__ import annotations

@@ -16,7 +16,7 @@ from gateway.errors import GatewayError
 from gateway.policy.compiled import CompiledPolicy
 
 if TYPE_CHECKING:
-    from gateway.exchange import ClientRequest, Exchange
+    from gateway.request.exchange import ClientRequest, Exchange
 
 
 class StreamTranslator(Protocol):

@@ -1,5 +1,6 @@
 """The OpenAI doors, /v1/chat/completions and /v1/completions: the upstream dialect itself, so requests
-are validated and passed on with only the model replaced, and answers go back untouched."""
+are validated and passed on with only the model replaced, and answers go back as they came but for
+their ``model``, which names the route the client asked for."""
 
 from __future__ import annotations
 
@@ -9,13 +10,14 @@ import orjson
 from starlette.responses import Response
 
 from gateway.api.responses import error_response
-from gateway.dialect import estimate_tokens, prompt_chars
 from gateway.errors import GatewayError, InvalidRequest, ModelNotFound
 from gateway.policy.compiled import CompiledPolicy, CompiledRoute
+from gateway.request.dialect import estimate_tokens, prompt_chars
+from gateway.request.streaming import error_event
 
 if TYPE_CHECKING:
     from gateway.doors import StreamTranslator
-    from gateway.exchange import ClientRequest, Exchange
+    from gateway.request.exchange import ClientRequest, Exchange
 
 
 class OpenAIDoor:
@@ -26,7 +28,7 @@ class OpenAIDoor:
         self.upstream_path = "/chat/completions" if name == "chat" else "/completions"
 
     def parse(self, body: bytes, policy: CompiledPolicy, chars_per_token: float) -> ClientRequest:
-        from gateway.exchange import ClientRequest
+        from gateway.request.exchange import ClientRequest
 
         payload = json_object(body)
         route = route_of(payload.get("model"), policy)
@@ -58,13 +60,43 @@ class OpenAIDoor:
         )
 
     def render_answer(self, raw: bytes, exchange: Exchange) -> bytes:
-        return raw  # the upstream's bytes as they came
+        """The upstream's bytes as they came, answering with the model the client asked for."""
+        renamer = model_renamer(exchange)
+        return raw if renamer is None else renamer.translate(raw)
 
     def stream_translator(self, exchange: Exchange) -> StreamTranslator | None:
-        return None
+        return model_renamer(exchange)
 
     def error_response(self, error: GatewayError) -> Response:
         return error_response(error)
+
+
+class ModelRenamer:
+    """Answers carry the route the client named as their ``model`` (the backend's own model name goes in
+    the ``x-gateway-upstream-model`` header): one bytes replace per chunk, no parsing. An escaped quote
+    inside generated text cannot match, so only the JSON field changes."""
+
+    __slots__ = ("_pairs",)
+
+    def __init__(self, upstream: str, route: str) -> None:
+        old, new = orjson.dumps(upstream), orjson.dumps(route)
+        self._pairs = ((b'"model":' + old, b'"model":' + new), (b'"model": ' + old, b'"model": ' + new))
+
+    def translate(self, events: bytes) -> bytes:
+        for old, new in self._pairs:
+            events = events.replace(old, new)
+        return events
+
+    def error(self, message: str, code: str) -> bytes:
+        return error_event(message, code)
+
+
+def model_renamer(exchange: Exchange) -> ModelRenamer | None:
+    observation = exchange.observation
+    if observation is None or observation.backend is None:
+        return None
+    upstream = exchange.policy.backends[observation.backend].model
+    return None if upstream == observation.route else ModelRenamer(upstream, observation.route)
 
 
 def json_object(body: bytes) -> dict[str, Any]:

@@ -12,6 +12,10 @@ from typing import Any, Literal
 from gateway.emulator.prefix_cache import CHARS_PER_TOKEN
 
 Endpoint = Literal["chat", "completions"]
+# How a server lets a client continue an assistant message it started: vLLM and SGLang with
+# ``continue_final_message`` (and ``add_generation_prompt: false``), Kimi's and DeepSeek's APIs with a
+# final assistant message marked ``partial`` / ``prefix``.
+ContinuationStyle = Literal["continue_final_message", "partial", "none"]
 
 
 class BadRequest(ValueError):
@@ -28,10 +32,31 @@ class CompletionRequest:
     stream: bool
     include_usage: bool
     continuous_usage_stats: bool
+    continuation: str | None = None  # the assistant text this request asks to continue
+
+
+def _continuation(body: dict[str, Any], style: ContinuationStyle) -> str | None:
+    messages = body.get("messages")
+    last = messages[-1] if isinstance(messages, list) and messages else None
+    if style == "none" or not isinstance(last, dict) or last.get("role") != "assistant":
+        return None
+    if style == "continue_final_message":
+        if body.get("continue_final_message") is not True:
+            return None
+        if body.get("add_generation_prompt", True) is not False:
+            raise BadRequest("Cannot set both `continue_final_message` and `add_generation_prompt` to True.")
+    elif last.get("partial") is not True and last.get("prefix") is not True:
+        return None
+    content = last.get("content")
+    return content if isinstance(content, str) else ""
 
 
 def parse_completion_request(
-    body: Any, endpoint: Endpoint, *, strict_stream_options: bool
+    body: Any,
+    endpoint: Endpoint,
+    *,
+    strict_stream_options: bool,
+    continuation_style: ContinuationStyle = "none",
 ) -> CompletionRequest:
     if not isinstance(body, dict):
         raise BadRequest("Request body must be a JSON object.")
@@ -59,6 +84,7 @@ def parse_completion_request(
         stream=bool(stream),
         include_usage=bool(stream) and options.get("include_usage") is True,
         continuous_usage_stats=bool(stream) and options.get("continuous_usage_stats") is True,
+        continuation=_continuation(body, continuation_style) if endpoint == "chat" else None,
     )
 
 

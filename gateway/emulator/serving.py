@@ -19,7 +19,13 @@ from starlette.responses import Response
 from gateway.emulator.dialects import dialect_for, openai_error
 from gateway.emulator.engine import Engine, Generation, Plan
 from gateway.emulator.faults import Faults, RateLimiter, retry_after_headers
-from gateway.emulator.parsing import BadRequest, CompletionRequest, Endpoint, parse_completion_request
+from gateway.emulator.parsing import (
+    BadRequest,
+    CompletionRequest,
+    ContinuationStyle,
+    Endpoint,
+    parse_completion_request,
+)
 from gateway.emulator.prefix_cache import PrefixCache
 from gateway.emulator.profiles import Profile
 from gateway.emulator.recording import RequestLog
@@ -28,6 +34,12 @@ from gateway.emulator.turn import Timings, Turn
 
 SSE_HEADERS = {"content-type": "text/event-stream; charset=utf-8", "cache-control": "no-cache"}
 JSON_TYPE = "application/json"
+# vLLM continues a final assistant message on request; the paid API takes Kimi's partial mode.
+CONTINUATION_STYLES: dict[str, ContinuationStyle] = {
+    "vllm": "continue_final_message",
+    "openai": "partial",
+    "llamacpp": "none",
+}
 BOOTING_MESSAGE = {
     "vllm": "The server is starting up.",
     "llamacpp": "Loading model",
@@ -87,7 +99,10 @@ class Emulator:
             return self.error_response(400, body_error)
         try:
             parsed = parse_completion_request(
-                body, endpoint, strict_stream_options=self.profile.dialect != "llamacpp"
+                body,
+                endpoint,
+                strict_stream_options=self.profile.dialect != "llamacpp",
+                continuation_style=CONTINUATION_STYLES[self.profile.dialect],
             )
         except BadRequest as exc:
             return self.error_response(400, str(exc))
@@ -147,6 +162,11 @@ class Emulator:
         profile = self.profile
         reasoning = profile.reasoning_tokens if faults.reasoning_tokens is None else faults.reasoning_tokens
         content = profile.content_tokens if faults.content_tokens is None else faults.content_tokens
+        content_offset = 0
+        if parsed.continuation is not None:
+            # Continuing an answer: no thinking again, and the words go on from where the text stopped.
+            content_offset = len(parsed.continuation.split())
+            reasoning, content = 0, max(1, content - content_offset)
         finish_reason = "stop"
         if parsed.max_tokens is not None and parsed.max_tokens < reasoning + content:
             finish_reason = "length"
@@ -172,6 +192,7 @@ class Emulator:
             and (faults.continuous_usage or asked_continuous),
             omit_stream_usage=faults.omit_stream_usage,
             reasoning_field=faults.reasoning_field,
+            content_offset=content_offset,
         )
         plan = Plan(
             prompt_tokens=parsed.prompt_tokens,

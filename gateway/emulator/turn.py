@@ -31,6 +31,7 @@ class Turn:
     continuous_usage: bool  # vLLM: cumulative usage on every frame
     omit_stream_usage: bool
     reasoning_field: str  # vLLM: "reasoning" or "reasoning_content"
+    content_offset: int = 0  # a continuation's answer words go on from here
 
     @property
     def total_tokens(self) -> int:
@@ -42,7 +43,7 @@ class Turn:
     def text(self, index: int) -> str:
         if index < self.reasoning_tokens:
             return f"think{index} "
-        return f"word{index - self.reasoning_tokens} "
+        return f"word{index - self.reasoning_tokens + self.content_offset} "
 
     def joined(self, start: int, stop: int) -> str:
         return "".join(self.text(i) for i in range(start, stop))

@@ -8,7 +8,7 @@ from __future__ import annotations
 import sys
 from typing import TextIO
 
-from gateway.costs import per_mtok, pool_usd_per_token
+from gateway.money.costs import per_mtok, pool_usd_per_token
 from gateway.policy.compiled import CompiledBackend, CompiledPolicy, CompiledRoute
 from gateway.policy.load import PolicyError, PolicyFileUnreadable, load_policy
 from gateway.policy.schema import Slo

@@ -9,7 +9,6 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from gateway.auth import ApiKey
 from gateway.policy.schema import (
     Accounting,
     Budgets,
@@ -18,6 +17,7 @@ from gateway.policy.schema import (
     Ledger,
     Objective,
     RateLimit,
+    ResumeStyle,
     Signals,
     Slo,
     StoreSettings,
@@ -27,6 +27,7 @@ from gateway.policy.schema import (
     Waiting,
     WhenInfeasible,
 )
+from gateway.request.auth import ApiKey
 
 
 @dataclass(frozen=True, slots=True)
@@ -70,6 +71,8 @@ class CompiledBackend:
     prior_output_tokens: float | None = None
     # A pool's prompt-processing speed (tokens/s) until measured (tuning.prior_prefill_tokens_per_s).
     prior_prefill_tokens_per_s: float = 10_000.0
+    family: str = ""  # the model it serves (its ``model`` unless the policy says otherwise)
+    resume: ResumeStyle = "none"  # how it continues an answer another backend started
 
 
 @dataclass(frozen=True, slots=True)
@@ -92,6 +95,8 @@ class CompiledRoute:
         return any(
             v is not None for v in (slo.ttft_p95_ms, slo.first_answer_p95_ms, slo.min_decode_tokens_per_s)
         )
+
+    resume_streams: bool = False  # a stream cut mid-way continues on another candidate
 
 
 @dataclass(frozen=True, slots=True)

@@ -12,7 +12,8 @@ from collections.abc import Callable, Mapping
 from types import MappingProxyType
 from typing import Literal
 
-from gateway.costs import expected_cost
+from gateway.measure.stats import BackendView
+from gateway.money.costs import expected_cost
 from gateway.policy.compiled import CompiledBackend, CompiledPolicy, CompiledRoute
 from gateway.policy.evaluate import (
     CandidateEval,
@@ -24,7 +25,6 @@ from gateway.policy.evaluate import (
     standing_of,
 )
 from gateway.policy.schema import Objective
-from gateway.stats import BackendView
 
 __all__ = [
     "CandidateEval",

@@ -9,7 +9,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import NamedTuple
 
-from gateway.costs import (
+from gateway.measure.stats import BackendView
+from gateway.money.costs import (
     CostRates,
     cost_rates,
     effective_usd_per_mtok,
@@ -19,7 +20,6 @@ from gateway.costs import (
 )
 from gateway.policy.compiled import CompiledBackend
 from gateway.policy.schema import Slo
-from gateway.stats import BackendView
 
 
 @dataclass(frozen=True, slots=True)

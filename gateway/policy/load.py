@@ -17,8 +17,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from gateway.auth import ApiKey
-from gateway.costs import per_token, pool_usd_per_token
+from gateway.money.costs import per_token, pool_usd_per_token
 from gateway.policy import schema
 from gateway.policy.compiled import CompiledBackend, CompiledPolicy, CompiledRoute, PoolPrice, TokenPrices
 from gateway.policy.document import (
@@ -30,11 +29,17 @@ from gateway.policy.document import (
     decode,
     parse,
 )
+from gateway.request.auth import ApiKey
 
 __all__ = ["PolicyError", "PolicyFileUnreadable", "Problem", "compile_policy_bytes", "load_policy"]
 
 Env = Mapping[str, str] | None  # where api_key_env is looked up; None means os.environ
 PROBE_TOKENS = 1_000_000
+# How each dialect continues an answer unless the policy says: vLLM and SGLang servers take
+# ``continue_final_message``; a plain OpenAI-compatible API cannot be assumed to.
+DEFAULT_RESUME: Mapping[str, schema.ResumeStyle] = types.MappingProxyType(
+    {"vllm": "continue_final_message", "sglang": "continue_final_message"}
+)
 
 
 def load_policy(path: str | Path, *, environ: Env = None) -> CompiledPolicy:
@@ -82,7 +87,7 @@ def _compile(text: str, source: str, digest: str, environ: Env) -> CompiledPolic
             warnings.append(doc.problem(("backends", name, "api_key_env"), unset))
     if problems:
         raise PolicyError(problems)
-    routes = {name: _compile_route(name, route) for name, route in raw.routes.items()}
+    routes = {name: _compile_route(name, route, backends) for name, route in raw.routes.items()}
     return CompiledPolicy(
         source=source,
         digest=digest,
@@ -164,6 +169,8 @@ def _compile_backend(
         price_source=price_source,
         prior_output_tokens=getattr(tuning.prior_output_tokens, backend.thinking),
         prior_prefill_tokens_per_s=tuning.prior_prefill_tokens_per_s,
+        family=backend.family or backend.model,
+        resume=backend.resume or DEFAULT_RESUME.get(backend.dialect, "none"),
     )
 
 
@@ -229,7 +236,12 @@ def _probe_cost(tokens: TokenPrices | None, pool: PoolPrice | None) -> None:
             raise _BackendProblem(loc, "too small to compute a cost per token from")
 
 
-def _compile_route(name: str, r: schema.Route) -> CompiledRoute:
+def _compile_route(name: str, r: schema.Route, backends: Mapping[str, CompiledBackend]) -> CompiledRoute:
+    candidates = [backends[b] for b in r.backends if b in backends]
+    resume_streams = r.fallback.resume_streams
+    if resume_streams is None:  # on when any candidate can continue what any other started
+        same_model = len({c.family for c in candidates}) == 1
+        resume_streams = same_model and len(candidates) > 1 and any(c.resume != "none" for c in candidates)
     return CompiledRoute(
         name=name,
         backends=tuple(r.backends),
@@ -242,6 +254,7 @@ def _compile_route(name: str, r: schema.Route) -> CompiledRoute:
         budgets=r.budgets,
         waiting=r.waiting,
         admit_beyond_max_concurrency=r.admit_beyond_max_concurrency,
+        resume_streams=resume_streams,
     )
 
 

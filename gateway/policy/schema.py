@@ -19,6 +19,10 @@ Accounting = Literal["amortized", "marginal"]
 OnBudgetExhausted = Literal["fallback_cheaper", "reject"]
 OnStoreFailure = Literal["fail_open", "fail_closed"]
 WaitOrder = Literal["fifo", "deadline"]
+# How a backend continues an assistant answer another backend started (a stream resumed after a cut):
+# vLLM and SGLang's ``continue_final_message``, Kimi's and DeepSeek's ``partial`` final assistant
+# message, an Anthropic-style assistant prefill, or not at all.
+ResumeStyle = Literal["continue_final_message", "partial", "assistant_prefill", "none"]
 BackendName = Annotated[str, Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$", max_length=64)]
 RouteName = Annotated[str, Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9._:/-]*$", max_length=128)]
 PositiveFloat = Annotated[float, Field(gt=0)]
@@ -97,6 +101,11 @@ class Backend(Strict):
     context_window: Annotated[int, Field(ge=1)] | None = None
     signals: Signals = Signals()
     timeouts: Timeouts = Timeouts()
+    # The model this backend serves, for telling whether another backend can continue its answers;
+    # defaults to ``model``. Give the same family to backends that serve the same weights.
+    family: str | None = None
+    # How it continues an answer cut elsewhere; default: continue_final_message for vllm, else none.
+    resume: ResumeStyle | None = None
 
 
 class Slo(Strict):
@@ -109,6 +118,9 @@ class Slo(Strict):
 class Fallback(Strict):
     max_attempts: Annotated[int, Field(ge=1, le=10)] = 3
     deadline_s: PositiveFloat = 600.0
+    # A stream cut after its first byte goes on from the next candidate that can continue it.
+    # Default: on when every candidate serves the same ``family``.
+    resume_streams: bool | None = None
 
 
 class Waiting(Strict):
@@ -159,15 +171,22 @@ class Server(Strict):
 
 
 class Ledger(Strict):
-    """Where the per-request spend rows go: SQLite, written in batches off the request path.
+    """Where the per-request spend rows go, written in batches off the request path: a SQLite file
+    (``path``, the default) or, for a fleet, the PostgreSQL database named by ``url``.
 
-    A relative ``path`` is taken from the directory the gateway is started in; ``gateway serve
-    --ledger`` overrides it. Changes take effect at the next start, not on a hot reload.
+    A relative path is taken from the directory the gateway is started in; ``gateway serve --ledger``
+    (or env GATEWAY_LEDGER) overrides both. Put no password in ``url``: libpq reads PGPASSWORD or
+    ~/.pgpass. Changes take effect at the next start, not on a hot reload.
     """
 
     path: Annotated[str, Field(min_length=1)] = "var/ledger.sqlite3"
+    url: Annotated[str | None, Field(pattern=r"^postgres(ql)?://")] = None
     flush_interval_s: PositiveFloat = 1.0
     batch_size: Annotated[int, Field(ge=1, le=100_000)] = 500
+    # Shared ledger only: how long a shutdown keeps retrying a database that is away, and where it
+    # leaves the rows it still refuses (the next start writes them to the database).
+    close_timeout_s: Annotated[float, Field(ge=0, le=600)] = 20.0
+    spill_path: Annotated[str, Field(min_length=1)] = "var/ledger-spill.sqlite3"
 
 
 class RateLimit(Strict):

@@ -25,7 +25,7 @@ function number(value, digits) {
 }
 
 function clock(unixSeconds) {
-  return new Date(unixSeconds * 1000).toLocaleTimeString([], { hour: "2-digit", minute: "2-digit", second: "2-digit" });
+  return new Date(unixSeconds * 1000).toLocaleTimeString([], { hour: "2-digit", minute: "2-digit", second: "2-digit", hourCycle: "h23" });
 }
 
 function cell(row, text, className) {
@@ -75,9 +75,47 @@ function renderRoutes(data) {
     cell(tr, route.route);
     usdCell(tr, route.today_usd).classList.add("today");
     cell(tr, String(route.today_requests), "num");
+    cell(tr, String(route.errors_today), "num errors" + (route.errors_today ? " bad" : ""));
+    cell(tr, String(route.fallbacks_today), "num fallbacks");
     usdCell(tr, route.last_hour_usd).classList.add("last-hour");
     bar(tr, budgets[route.route + "/day"]);
     bar(tr, budgets[route.route + "/month"]);
+  });
+}
+
+function renderPools(data) {
+  document.getElementById("no-pools").hidden = data.pools.length > 0;
+  fillTable("pools", data.pools, (tr, pool) => {
+    tr.dataset.pool = pool.backend;
+    cell(tr, pool.backend);
+    cell(tr, "$" + pool.usd_per_hour.toFixed(2), "num");
+    cell(tr, pool.hours.toFixed(2), "num");
+    usdCell(tr, pool.attributed_usd).classList.add("charged");
+    usdCell(tr, pool.idle_usd).classList.add("idle");
+    usdCell(tr, pool.pool_usd).classList.add("pool-total");
+    const td = document.createElement("td");
+    const split = document.createElement("span");
+    split.className = "split";
+    const total = pool.pool_usd > 0 ? pool.pool_usd : 1;
+    for (const [cls, value] of [["charged", pool.attributed_usd], ["idle", pool.idle_usd]]) {
+      const part = document.createElement("span");
+      part.className = cls;
+      part.style.width = Math.min(100, (value / total) * 100).toFixed(1) + "%";
+      split.appendChild(part);
+    }
+    td.appendChild(split);
+    tr.appendChild(td);
+  });
+}
+
+function renderReplicas(data) {
+  document.getElementById("replicas-section").hidden = data.replicas.length === 0;
+  fillTable("replicas", data.replicas, (tr, r) => {
+    tr.dataset.replica = r.replica ?? "";
+    cell(tr, r.replica ?? "(unnamed)");
+    usdCell(tr, r.today_usd);
+    cell(tr, String(r.today_requests), "num");
+    cell(tr, String(r.errors), "num");
   });
 }
 
@@ -111,18 +149,27 @@ function renderBudgets(data) {
 }
 
 function renderRecent(data) {
-  fillTable("recent", data.recent, (tr, r) => {
+  // One time for sorting and showing: when each request started, newest first.
+  const rows = [...data.recent].sort((a, b) => b.time - a.time);
+  fillTable("recent", rows, (tr, r) => {
     if (r.status !== "ok") tr.className = "error";
-    cell(tr, clock(r.time));
+    tr.dataset.time = String(r.time);
+    cell(tr, clock(r.time), "mono");
     cell(tr, r.request_id, "mono");
+    cell(tr, r.replica ?? "–", "mono");
     cell(tr, r.route);
     cell(tr, r.backend ?? "–");
-    cell(tr, r.tried.join(" → ") || "–");
+    cell(tr, r.tried.length ? r.tried.join(" → ") : r.attempts > 1 ? r.attempts + " attempts" : "–");
     cell(tr, r.reason ?? "–");
     cell(tr, r.status);
     usdCell(tr, r.cost_usd);
     cell(tr, seconds(r.ttft_s), "num");
   });
+  const zone = Intl.DateTimeFormat().resolvedOptions().timeZone || "local time";
+  document.getElementById("recent-time").textContent = "started (" + zone + ")";
+  document.getElementById("recent-note").textContent = data.ledger.shared
+    ? "the whole fleet, from the shared ledger; newest start first"
+    : "this replica; newest start first";
 }
 
 function svg(tag, attrs, parent) {
@@ -132,54 +179,104 @@ function svg(tag, attrs, parent) {
   return el;
 }
 
+const DASHES = ["", "9 5", "2 4", "12 4 3 4", "5 3", "1 3", "14 6", "6 2 2 2"];
+
+// A step of 1, 2 or 5 times a power of ten, giving about ``count`` intervals over ``range``.
+function niceStep(range, count) {
+  const raw = range / count;
+  const magnitude = 10 ** Math.floor(Math.log10(raw));
+  const norm = raw / magnitude;
+  return (norm <= 1 ? 1 : norm <= 2 ? 2 : norm <= 5 ? 5 : 10) * magnitude;
+}
+
+// An axis amount with just the digits its step needs: $0.0004, $0.05, $12.
+function tickUsd(value, step) {
+  const decimals = Math.max(0, Math.ceil(-Math.log10(step) - 1e-9));
+  return "$" + value.toLocaleString("en-US", { minimumFractionDigits: decimals, maximumFractionDigits: decimals });
+}
+
 function renderChart(data) {
   const { times, routes } = data.series;
-  const names = Object.keys(routes).sort();
-  const width = 1000, height = 260, left = 70, right = 16, top = 12, bottom = 28;
-  const root = svg("svg", { viewBox: `0 0 ${width} ${height}`, preserveAspectRatio: "none", role: "img" });
+  const holder = document.getElementById("chart");
+  const width = Math.max(480, holder.clientWidth || 1000), height = 280;
+  const left = 72, right = 190, top = 14, bottom = 30; // the right margin holds each line's label
+  const root = svg("svg", { viewBox: `0 0 ${width} ${height}`, width, height, role: "img" });
   const cumulative = {};
   let peak = 0;
-  for (const name of names) {
+  for (const name of Object.keys(routes)) {
     let total = 0;
     cumulative[name] = routes[name].map((v) => (total += v));
     peak = Math.max(peak, total);
   }
-  peak = peak > 0 ? peak * 1.1 : 1e-6;
+  // Largest first, so smaller lines are drawn on top of the ones they run along.
+  const names = Object.keys(routes).sort((a, b) => last(cumulative[b]) - last(cumulative[a]) || a.localeCompare(b));
+  const step = niceStep(peak > 0 ? peak : 1e-6, 4);
+  const top_value = Math.max(step, Math.ceil((peak * 1.02) / step) * step);
   const x = (i) => left + (i / Math.max(1, times.length - 1)) * (width - left - right);
-  const y = (v) => top + (1 - v / peak) * (height - top - bottom);
-  for (let k = 0; k <= 4; k++) {
-    const value = (peak * k) / 4;
+  const y = (v) => top + (1 - v / top_value) * (height - top - bottom);
+  for (let value = 0; value <= top_value + step / 2; value += step) {
     svg("line", { x1: left, x2: width - right, y1: y(value), y2: y(value), class: "axis" }, root);
-    svg("text", { x: left - 6, y: y(value) + 4, "text-anchor": "end", class: "tick" }, root).textContent = usd(value);
+    svg("text", { x: left - 6, y: y(value) + 4, "text-anchor": "end", class: "tick y-tick" }, root).textContent = tickUsd(value, step);
   }
-  const every = Math.max(1, Math.round(600 / data.series.bucket_s)); // a label every ten minutes
-  for (let i = times.length - 1; i >= 0; i -= every) {
-    const label = new Date(times[i] * 1000).toLocaleTimeString([], { hour: "2-digit", minute: "2-digit" });
-    const anchor = i === times.length - 1 ? "end" : "middle"; // the newest label must not run off the edge
-    svg("text", { x: x(i), y: height - 8, "text-anchor": anchor, class: "tick" }, root).textContent = label;
-  }
+  // Time labels on whole ten minutes (five when the window is short), not counted back from now.
+  const span = times.length ? times[times.length - 1] - times[0] : 0;
+  const every = span > 1800 ? 600 : 300;
+  times.forEach((t, i) => {
+    if (Math.round(t) % every !== 0) return;
+    const label = new Date(t * 1000).toLocaleTimeString([], { hour: "2-digit", minute: "2-digit", hourCycle: "h23" });
+    svg("line", { x1: x(i), x2: x(i), y1: height - bottom, y2: height - bottom + 4, class: "axis" }, root);
+    svg("text", { x: x(i), y: height - 10, "text-anchor": "middle", class: "tick x-tick" }, root).textContent = label;
+  });
   const legend = document.getElementById("legend");
   legend.replaceChildren();
-  names.forEach((name, n) => {
+  const ends = [];
+  names.forEach((name) => {
+    const n = Object.keys(routes).sort().indexOf(name); // a route keeps its colour and dash as totals change
     const color = COLORS[n % COLORS.length];
+    const dash = DASHES[n % DASHES.length];
     const points = cumulative[name].map((v, i) => `${x(i).toFixed(1)},${y(v).toFixed(1)}`).join(" ");
-    svg("polyline", { points, fill: "none", stroke: color, "stroke-width": 2, "vector-effect": "non-scaling-stroke" }, root);
+    svg("polyline", { points, class: "halo" }, root);
+    const line = svg("polyline", { points, class: "series", stroke: color }, root);
+    if (dash) line.setAttribute("stroke-dasharray", dash);
+    line.dataset.route = name;
+    ends.push({ name, color, y: y(last(cumulative[name])) });
     const item = document.createElement("span");
     const swatch = document.createElement("i");
     swatch.style.background = color;
-    item.append(swatch, name + " " + usd(cumulative[name][cumulative[name].length - 1] || 0));
+    item.append(swatch, name + " " + usd(last(cumulative[name])));
     legend.appendChild(item);
   });
-  document.getElementById("chart").replaceChildren(root);
+  // Each line's name at its end, pushed apart so that lines ending together stay legible.
+  ends.sort((a, b) => a.y - b.y);
+  for (let i = 1; i < ends.length; i++) ends[i].y = Math.max(ends[i].y, ends[i - 1].y + 15);
+  const overflow = ends.length ? ends[ends.length - 1].y - (height - bottom) : 0;
+  if (overflow > 0) ends.forEach((e) => (e.y -= overflow));
+  for (const end of ends) {
+    const label = svg("text", { x: width - right + 8, y: end.y + 4, fill: end.color, class: "end-label" }, root);
+    label.textContent = end.name;
+  }
+  holder.replaceChildren(root);
+}
+
+function last(values) {
+  return values.length ? values[values.length - 1] : 0;
 }
 
 function render(data) {
   renderRoutes(data);
+  renderPools(data);
+  renderReplicas(data);
   renderChart(data);
   renderBackends(data);
   renderBudgets(data);
   renderRecent(data);
   document.getElementById("policy").textContent = "policy " + data.policy.digest;
+  const ledger = data.ledger;
+  const where = (ledger.shared ? "fleet ledger " : "ledger ") + ledger.location;
+  const backlog = ledger.pending_rows ? ", " + ledger.pending_rows + " rows waiting" : "";
+  const ledgerEl = document.getElementById("ledger");
+  ledgerEl.textContent = where + (ledger.up ? "" : " (unreachable)") + backlog;
+  ledgerEl.className = ledger.up ? "" : "status offline";
   document.getElementById("updated").textContent = "updated " + clock(data.now);
   const status = document.getElementById("status");
   status.textContent = "live";

@@ -246,3 +246,23 @@ def test_tuning_errors_name_the_field() -> None:
     bad = POLICY + "tuning:\n  circuit: {base_cooldown_s: 10, max_cooldown_s: 5}\n"
     with pytest.raises(PolicyError, match=r"tuning\.circuit"):
         compile_policy_text(bad, "p.yaml", environ={})
+
+
+def test_streams_resume_by_default_where_every_candidate_serves_one_family() -> None:
+    policy = load_policy(Path(__file__).resolve().parents[2] / "policies" / "default.yaml")
+    assert policy.backends["b300-vllm"].resume == "continue_final_message"  # the vllm default
+    assert policy.backends["a100-llamacpp"].resume == "none"
+    assert policy.backends["paid-api"].resume == "partial"
+    assert all(route.resume_streams for route in policy.routes.values())
+    # Different models by default (family = model): no resume unless the policy turns it on.
+    plain = compile_policy_text(POLICY, "p.yaml", environ={})
+    assert {b.family for b in plain.backends.values()} == {"moonshotai/Kimi-K3", "kimi-k3", "other"}
+    assert plain.routes["kimi-k3"].resume_streams is False
+    forced = compile_policy_text(
+        POLICY.replace(
+            "when_infeasible: reject", "when_infeasible: reject\n    fallback: {resume_streams: true}"
+        ),
+        "p.yaml",
+        environ={},
+    )
+    assert forced.routes["kimi-k3"].resume_streams is True

@@ -14,7 +14,7 @@ import openai
 import pytest
 from openai.types.chat import ChatCompletionMessageParam
 
-from gateway.observation import Observation
+from gateway.request.observation import Observation
 from tests.conftest import Gateway
 from tests.real.conftest import BACKEND, ROUTE
 

@@ -20,7 +20,7 @@ import httpx
 import pytest
 import redis
 
-from gateway.auth import digest_of
+from gateway.request.auth import digest_of
 from tests.conftest import PAID_KEY
 from tests.servers import ProcessServer, free_port, python_module, wait_http
 
@@ -106,14 +106,17 @@ class Replica:
         return body
 
 
-def start_replicas(policy: Path, redis_url: str | None, tmp: Path, count: int, **extra: str) -> list[Replica]:
-    """``count`` gateway processes over ``policy``, started together, each with its own ledger."""
+def start_replicas(
+    policy: Path, redis_url: str | None, tmp: Path, count: int, ledger_url: str | None = None, **extra: str
+) -> list[Replica]:
+    """``count`` gateway processes over ``policy``, started together, each with its own ledger file
+    unless they share the PostgreSQL ledger at ``ledger_url``."""
     replicas = []
     for i in range(count):
         port = free_port()
         ledger, log = tmp / f"ledger-{i}.sqlite3", tmp / f"replica-{i}.log"
         args = ["gateway", "--log-level", "warning", "serve", "--policy", str(policy), "--port", str(port)]
-        args += ["--ledger", str(ledger)]
+        args += ["--ledger", ledger_url or str(ledger)]
         if redis_url is not None:
             args += ["--redis-url", redis_url]
         for flag, value in extra.items():

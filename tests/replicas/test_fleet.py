@@ -14,8 +14,8 @@ from typing import Any
 import httpx
 import pytest
 
-from gateway.auth import digest_of
-from gateway.budgets import counter_key
+from gateway.money.budgets import counter_key
+from gateway.request.auth import digest_of
 from tests.conftest import Upstreams, policy_yaml
 
 from .conftest import (

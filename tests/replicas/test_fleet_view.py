@@ -8,8 +8,8 @@ from dataclasses import dataclass, field
 
 import pytest
 
-from gateway.fleet import Fleet
-from gateway.stats import LiveStats
+from gateway.measure.fleet import Fleet
+from gateway.measure.stats import LiveStats
 from gateway.store import Message
 from gateway.store.memory import MemoryStore
 from tests.unit.factories import FakeClock, api_backend, policy, pool_backend, route, serve

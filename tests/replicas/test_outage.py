@@ -11,7 +11,7 @@ from dataclasses import dataclass
 import httpx
 import pytest
 
-from gateway.budgets import counter_key
+from gateway.money.budgets import counter_key
 from tests.conftest import Upstreams, policy_yaml
 
 from .conftest import (

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from gateway.budgets import MemoryBudgetStore, counter_key, period_bounds
+from gateway.money.budgets import MemoryBudgetStore, counter_key, period_bounds
 from tests.conftest import Upstreams
 
 from .conftest import MakeGateway, chat, chat_many, ledger_path, ledger_rows, settle, spend_policy

@@ -10,7 +10,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from gateway.budgets import period_bounds
+from gateway.money.budgets import period_bounds
 from tests.conftest import Gateway
 
 from .chromium import chromium, chromium_path
@@ -70,6 +70,10 @@ def test_data_endpoint_has_every_view(make_gateway: MakeGateway, tmp_path: Path)
     budgets = {(b["name"], b["period"]) for b in data["budgets"]}
     assert budgets == {("paid-only", "day"), ("paid-only", "month")}
     assert len(data["recent"]) == sent and all(r["reason"] for r in data["recent"])
+    started = [r["time"] for r in data["recent"]]
+    assert started == sorted(started, reverse=True), "newest start first: the time each row shows"
+    assert data["ledger"]["location"] == str(ledger_path(tmp_path).resolve())
+    assert not data["ledger"]["shared"] and data["replicas"] == []
     page = httpx.get(gateway.url + "/dashboard")
     assert page.status_code == 200 and "dashboard.js" in page.text
     assert httpx.get(gateway.url + "/dashboard/static/dashboard.js").status_code == 200
@@ -104,7 +108,7 @@ def test_the_page_shows_the_ledgers_spend_live_in_chromium(make_gateway: MakeGat
                 sent += traffic(gateway, 1)  # new spend must reach the open page by itself
                 settle(gateway, sent)
         assert page.evaluate("document.querySelectorAll('#recent tbody tr').length") == sent
-        assert page.evaluate("document.querySelectorAll('#chart polyline').length") == 3
+        assert page.evaluate("document.querySelectorAll('#chart polyline.series').length") == 3
         price = "#backends tr[data-backend='paid-api'] td:nth-child(3)"
         assert page.evaluate(f'document.querySelector("{price}").textContent') == "$15.00"
         png = page.screenshot(tmp_path / "dashboard.png")

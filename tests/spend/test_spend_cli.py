@@ -14,10 +14,10 @@ from typing import Any
 
 import pytest
 
-from gateway.ledger_location import LEDGER_ENV, resolve_ledger
+from gateway.ledger.settings import LEDGER_ENV, resolve_ledger
+from gateway.money.spend import parse_since
 from gateway.policy.compiled import CompiledPolicy
 from gateway.policy.load import load_policy
-from gateway.spend import parse_since
 from tests.servers import python_module
 
 from .conftest import MakeGateway, chat, ledger_path, ledger_rows, settle
@@ -76,6 +76,7 @@ def test_json_by_route_matches_the_ledger(traffic: Path) -> None:
     paid = next(r for r in report["rows"] if r["route"] == "paid-only")
     assert paid["usd_per_mtok_out"] == pytest.approx(paid["cost_usd"] / paid["completion_tokens"] * 1e6)
     assert "--policy" in report["note"]
+    assert report["ledger"] == str(traffic.resolve()), "the report names the ledger it read"
 
 
 def test_table_and_csv_by_backend_and_key(traffic: Path) -> None:
@@ -83,8 +84,13 @@ def test_table_and_csv_by_backend_and_key(traffic: Path) -> None:
     assert table.returncode == 0, table.stderr
     lines = table.stdout.splitlines()
     assert lines[0].startswith("spend by backend")
+    assert lines[1] == f"ledger: {traffic.resolve()}"
     assert any(line.startswith("paid-api") for line in lines) and lines[-2].startswith("total")
-    rows = list(csv.DictReader(io.StringIO(spend("--ledger", str(traffic), "--format", "csv").stdout)))
+    as_csv = spend("--ledger", str(traffic), "--format", "csv")
+    assert as_csv.stderr.strip() == f"ledger: {traffic.resolve()} (from --ledger)", (
+        "CSV stays rows; the ledger goes to stderr"
+    )
+    rows = list(csv.DictReader(io.StringIO(as_csv.stdout)))
     assert {r["route"] for r in rows} == {"paid-only", "vllm-only"}
     assert sum(int(r["requests"]) for r in rows) == 3
     by_key = json.loads(spend("--ledger", str(traffic), "--by", "key", "--format", "json").stdout)
@@ -112,7 +118,39 @@ def test_since_and_errors() -> None:
     with pytest.raises(ValueError, match="24h"):
         parse_since("yesterday", now)
     missing = spend("--ledger", "/nonexistent/ledger.sqlite3")
-    assert missing.returncode == 2 and "no ledger" in missing.stderr
+    assert missing.returncode == 2 and "no ledger at /nonexistent/ledger.sqlite3" in missing.stderr
+
+
+def test_spend_by_default_reads_the_policys_ledger_or_says_which_file_it_missed(
+    traffic: Path, tmp_path: Path
+) -> None:
+    policy = str(tmp_path / "policy.yaml")  # its ledger.path is the traffic's ledger
+    report = json.loads(spend("--policy", policy, "--format", "json").stdout)
+    assert report["ledger"] == str(traffic.resolve()) and len(report["rows"]) > 2
+    elsewhere = subprocess.run(
+        python_module("gateway", "spend"), capture_output=True, text=True, cwd=tmp_path / "..", timeout=60
+    )
+    assert elsewhere.returncode == 2, "no silent empty report from another folder"
+    assert str((tmp_path / ".." / "var" / "ledger.sqlite3").resolve()) in elsewhere.stderr
+
+
+def test_ledger_migrate_creates_the_schema_once(tmp_path: Path, postgres_url: str) -> None:
+    for target in (str(tmp_path / "new.sqlite3"), postgres_url):
+        first = subprocess.run(
+            python_module("gateway", "ledger", "migrate", "--ledger", target), capture_output=True, text=True
+        )
+        assert first.returncode == 0, first.stderr
+        assert "applied 1, 2, 3" in first.stdout and "schema version 3" in first.stdout
+        again = subprocess.run(
+            python_module("gateway", "ledger", "migrate", "--ledger", target), capture_output=True, text=True
+        )
+        assert "applied none (already current)" in again.stdout
+    refused = subprocess.run(
+        python_module("gateway", "ledger", "migrate", "--ledger", "postgresql://nobody:secret@127.0.0.1:1/x"),
+        capture_output=True,
+        text=True,
+    )
+    assert refused.returncode == 2 and "cannot open" in refused.stderr and "secret" not in refused.stderr
 
 
 def test_a_window_with_no_requests_is_an_empty_report(traffic: Path) -> None:
@@ -135,7 +173,7 @@ def test_the_ledger_is_found_as_serve_finds_it_from_any_folder_and_named(
 
     by_env = spend(cwd=elsewhere, env={LEDGER_ENV: str(traffic)})
     assert by_env.returncode == 0 and by_env.stderr == f"ledger: {traffic} (from ${LEDGER_ENV})\n"
-    assert by_env.stdout.splitlines()[0].endswith(f", from {traffic}"), "the table names it too"
+    assert by_env.stdout.splitlines()[1] == f"ledger: {traffic}", "the table names it too"
     by_flag = spend("--ledger", str(traffic), cwd=elsewhere, env={LEDGER_ENV: "/nonexistent.sqlite3"})
     assert by_flag.returncode == 0 and by_flag.stderr == f"ledger: {traffic} (from --ledger)\n"
 
@@ -155,6 +193,9 @@ def test_serve_and_spend_resolve_one_way(tmp_path: Path, monkeypatch: pytest.Mon
     def no_policy() -> CompiledPolicy:
         raise AssertionError("the flag or the environment is enough; no policy is read")
 
-    assert resolve_ledger(None, policy, {}).path == tmp_path / "var" / "ledger.sqlite3"
-    assert resolve_ledger(None, no_policy, {LEDGER_ENV: "spent.db"}).path == tmp_path / "spent.db"
-    assert resolve_ledger("flag.db", no_policy, {LEDGER_ENV: "spent.db"}).path == tmp_path / "flag.db"
+    assert resolve_ledger(None, policy, {}).target == tmp_path / "var" / "ledger.sqlite3"
+    assert resolve_ledger(None, no_policy, {LEDGER_ENV: "spent.db"}).target == tmp_path / "spent.db"
+    assert resolve_ledger("flag.db", no_policy, {LEDGER_ENV: "spent.db"}).target == tmp_path / "flag.db"
+    url = "postgresql://gateway:secret@db:5432/gateway"
+    located = resolve_ledger(None, no_policy, {LEDGER_ENV: url})
+    assert located.target == url and "secret" not in str(located), "a URL is shown without its password"

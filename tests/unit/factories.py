@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from gateway.observation import Attempt, AttemptStatus, Usage
+from gateway.measure.stats import LiveStats
 from gateway.policy.compiled import CompiledBackend, CompiledPolicy, CompiledRoute, PoolPrice, TokenPrices
 from gateway.policy.schema import (
     Accounting,
@@ -16,7 +16,7 @@ from gateway.policy.schema import (
     Timeouts,
     WhenInfeasible,
 )
-from gateway.stats import LiveStats
+from gateway.request.observation import Attempt, AttemptStatus, Usage
 
 MTOK = 1e6
 

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from gateway.costs import (
+from gateway.measure.stats import BackendView, LiveStats
+from gateway.money.costs import (
     attempt_cost,
     cost_rates,
     effective_usd_per_mtok,
@@ -12,9 +13,8 @@ from gateway.costs import (
     predict_output_tokens,
     prior_output_tokens,
 )
-from gateway.observation import Usage
 from gateway.policy.compiled import CompiledBackend
-from gateway.stats import BackendView, LiveStats
+from gateway.request.observation import Usage
 from tests.unit.factories import FakeClock, api_backend, pool_backend, serve
 
 

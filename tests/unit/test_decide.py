@@ -8,11 +8,11 @@ from dataclasses import replace
 
 import pytest
 
+from gateway.measure.signals import LoadSignals
+from gateway.measure.stats import BackendView, LiveStats
 from gateway.policy.compiled import CompiledBackend, CompiledPolicy, CompiledRoute
 from gateway.policy.decide import Decision, RequestFeatures, decide
 from gateway.policy.schema import Slo
-from gateway.signals import LoadSignals
-from gateway.stats import BackendView, LiveStats
 from tests.unit.factories import FakeClock, api_backend, attempt, policy, pool_backend, route, serve
 
 REQUEST = RequestFeatures(route="kimi-k3", prompt_tokens=2000, max_tokens=None, stream=True)

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from gateway.health import CircuitBreaker, is_backend_failure
-from gateway.stats import LiveStats
+from gateway.measure.health import CircuitBreaker, is_backend_failure
+from gateway.measure.stats import LiveStats
 from tests.unit.factories import FakeClock, attempt, serve
 
 

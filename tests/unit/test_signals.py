@@ -17,15 +17,15 @@ from starlette.responses import JSONResponse, PlainTextResponse, Response
 from starlette.routing import Route
 
 from gateway.backends import Backends
-from gateway.policy.compiled import CompiledBackend
-from gateway.policy.schema import Dialect, Signals, Timeouts
-from gateway.signals import (
+from gateway.measure.signals import (
     LoadSignals,
     SignalScraper,
     parse_llamacpp_metrics,
     parse_llamacpp_slots,
     parse_vllm_metrics,
 )
+from gateway.policy.compiled import CompiledBackend
+from gateway.policy.schema import Dialect, Signals, Timeouts
 from tests.servers import ThreadedServer, threaded_server
 
 # vLLM v1 with two data-parallel engines, as prometheus_client writes it (TTFT histogram trimmed
@@ -480,7 +480,7 @@ async def test_failed_scrapes_mark_signals_stale_log_once_and_never_raise(
     caplog: pytest.LogCaptureFixture,
     backends: Backends,
 ) -> None:
-    caplog.set_level(logging.INFO, logger="gateway.signals")
+    caplog.set_level(logging.INFO, logger="gateway.measure.signals")
     scraper = SignalScraper(sink, backends.fetch)
     backend = make_backend("llama", server.url, slots=True)
     try:

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from gateway.signals import LoadSignals
-from gateway.stats import DecayedMean, DecayedSamples, LiveStats
+from gateway.measure.signals import LoadSignals
+from gateway.measure.stats import DecayedMean, DecayedSamples, LiveStats
 from tests.unit.factories import FakeClock, attempt, serve
 
 

@@ -1,0 +1,124 @@
+"""The fleet's ledger: a PostgreSQL database every gateway replica writes and every report reads,
+through a small psycopg connection pool. The only module that imports psycopg."""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from collections.abc import Iterator, Sequence
+from typing import Any
+from urllib.parse import urlsplit, urlunsplit
+
+import psycopg
+from psycopg_pool import ConnectionPool, PoolTimeout
+
+from gateway.ledger.database import LedgerUnavailable
+from gateway.ledger.migrations import TRACKING_TABLE, migrations
+from gateway.ledger.reader import POSTGRESQL, LedgerReader
+from gateway.ledger.rows import COLUMNS, split_probes
+
+INSERT = (
+    f"INSERT INTO requests ({', '.join(COLUMNS)}) VALUES ({', '.join(['%s'] * len(COLUMNS))})"
+    " ON CONFLICT (row_key) DO NOTHING"
+)
+# Synthetic probes have a table of their own: spend reports over ``requests`` never see them.
+INSERT_PROBE = INSERT.replace("INSERT INTO requests", "INSERT INTO probes", 1)
+MIGRATION_LOCK = 0x6C6564676572  # "ledger": one migrator at a time across the fleet
+
+
+def redact(url: str) -> str:
+    """The URL without its password, fit for logs and reports."""
+    parts = urlsplit(url)
+    if parts.password is None:
+        return url
+    host = parts.hostname or ""
+    netloc = f"{parts.username}:***@{host}" + (f":{parts.port}" if parts.port else "")
+    return urlunsplit(parts._replace(netloc=netloc))
+
+
+def migrate(conn: psycopg.Connection[Any]) -> list[int]:
+    """Apply the missing migrations in one transaction, holding a lock so that replicas starting
+    together take turns; return the versions applied."""
+    applied = []
+    with conn.transaction():
+        conn.execute("SELECT pg_advisory_xact_lock(%s)", (MIGRATION_LOCK,))
+        conn.execute(TRACKING_TABLE)
+        done = {row[0] for row in conn.execute("SELECT version FROM schema_migrations").fetchall()}
+        for migration in migrations("postgresql"):
+            if migration.version in done:
+                continue
+            for statement in migration.statements:
+                conn.execute(statement.encode())
+            record = "INSERT INTO schema_migrations VALUES (%s, %s, %s)"
+            conn.execute(record, (migration.version, migration.name, time.time()))
+            applied.append(migration.version)
+    return applied
+
+
+class PostgresLedger:
+    """A pool of at most ``max_connections`` (the writer thread takes one at a time; reports one
+    more). ``timeout_s`` bounds how long a write waits for a connection while the database is away."""
+
+    shared = True
+
+    def __init__(self, url: str, *, timeout_s: float = 5.0, max_connections: int = 3) -> None:
+        self.url = url
+        self._timeout_s = timeout_s
+        self._max_connections = max_connections
+        self._pool: ConnectionPool[psycopg.Connection[Any]] | None = None
+
+    @property
+    def location(self) -> str:
+        return redact(self.url)
+
+    def open(self) -> list[int]:
+        kwargs = {"connect_timeout": max(1, int(self._timeout_s)), "application_name": "gateway-ledger"}
+        pool: ConnectionPool[psycopg.Connection[Any]] = ConnectionPool(
+            self.url,
+            min_size=1,
+            max_size=self._max_connections,
+            kwargs=kwargs,
+            open=False,
+            timeout=self._timeout_s,
+            check=ConnectionPool.check_connection,  # a connection the outage broke is replaced, not used
+            name="gateway-ledger",
+        )
+        try:
+            pool.open(wait=True, timeout=self._timeout_s)
+            with pool.connection() as conn:
+                applied = migrate(conn)
+        except (psycopg.Error, PoolTimeout) as exc:
+            pool.close()
+            raise LedgerUnavailable(f"cannot open the ledger at {self.location}: {exc}") from exc
+        self._pool = pool
+        return applied
+
+    def write(self, rows: Sequence[tuple[Any, ...]]) -> None:
+        pool = self._pool
+        if pool is None:
+            raise LedgerUnavailable("the ledger is not open")
+        try:
+            with pool.connection() as conn, conn.cursor() as cursor:
+                requests, probes = split_probes(rows)
+                cursor.executemany(INSERT, requests)
+                if probes:
+                    cursor.executemany(INSERT_PROBE, probes)
+        except (psycopg.Error, PoolTimeout) as exc:
+            raise LedgerUnavailable(f"ledger write to {self.location} failed: {exc}") from exc
+
+    @contextlib.contextmanager
+    def reading(self) -> Iterator[LedgerReader]:
+        try:
+            with contextlib.ExitStack() as stack:
+                if self._pool is not None:
+                    conn = stack.enter_context(self._pool.connection())
+                else:  # a report: one connection, no pool, no migrations
+                    conn = stack.enter_context(psycopg.connect(self.url, connect_timeout=10))
+                yield LedgerReader(conn, POSTGRESQL, self.location)
+        except (psycopg.Error, PoolTimeout) as exc:
+            raise LedgerUnavailable(f"reading the ledger at {self.location} failed: {exc}") from exc
+
+    def close(self) -> None:
+        if self._pool is not None:
+            self._pool.close()
+            self._pool = None

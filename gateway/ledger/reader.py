@@ -1,0 +1,99 @@
+"""The reports' queries over a ledger connection, written once for SQLite and PostgreSQL: spend totals
+per route, backend, key or replica; time buckets for the live view; the newest rows."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from gateway.ledger.rows import GROUP_COLUMNS, SpendTotal
+
+
+class Cursor(Protocol):
+    def fetchall(self) -> list[Any]: ...
+
+
+class Connection(Protocol):
+    """What both ``sqlite3.Connection`` and ``psycopg.Connection`` offer."""
+
+    def execute(self, query: Any, params: Any = ..., /) -> Any: ...
+
+
+@dataclass(frozen=True, slots=True)
+class Dialect:
+    name: str  # "sqlite" or "postgresql": the migrations folder too
+    placeholder: str  # "?" or "%s"
+    distinct_list: str  # aggregate of distinct values into "a,b", with {} for the column
+    bucket: str  # the start of a time bucket, {} for the bucket width placeholder
+
+
+SQLITE = Dialect("sqlite", "?", "group_concat(DISTINCT {})", "CAST(time / {p} AS INTEGER) * {p}")
+POSTGRESQL = Dialect("postgresql", "%s", "string_agg(DISTINCT {}, ',')", "floor(time / {p}) * {p}")
+
+RECENT_COLUMNS = (
+    "time",
+    "request_id",
+    "replica",
+    "route",
+    "backend",
+    "attempts",
+    "decision_reason",
+    "status",
+    "error_type",
+    "cost_usd",
+    "ttft_s",
+    "api_key_name",
+)
+
+
+class LedgerReader:
+    """Read-only queries; the caller owns the connection (and its closing)."""
+
+    def __init__(self, conn: Connection, dialect: Dialect, location: str) -> None:
+        self.conn = conn
+        self.dialect = dialect
+        self.location = location  # the ledger this read, for the reports to name
+
+    def _query(self, sql: str, params: Sequence[Any] = ()) -> list[Any]:
+        rows: list[Any] = self.conn.execute(sql.replace("?", self.dialect.placeholder), params).fetchall()
+        return rows
+
+    def totals(self, by: str, since: float, until: float | None = None) -> list[SpendTotal]:
+        """Totals per ``by`` (route, backend, key or replica) for rows that started in [since, until)."""
+        column = GROUP_COLUMNS[by]  # a fixed column name, never user text
+        until_clause = "" if until is None else " AND time < ?"
+        params: Sequence[float] = (since,) if until is None else (since, until)
+        bases = self.dialect.distinct_list.format("cost_basis")
+        query = (
+            f"SELECT {column}, count(*), sum(CASE WHEN status <> 'ok' THEN 1 ELSE 0 END),"
+            " sum(prompt_tokens), sum(cached_prompt_tokens), sum(completion_tokens), sum(reasoning_tokens),"
+            f" sum(cost_usd), coalesce({bases}, ''), sum(CASE WHEN attempts > 1 THEN 1 ELSE 0 END)"
+            f" FROM requests WHERE time >= ?{until_clause} GROUP BY {column}"
+            f" ORDER BY sum(cost_usd) DESC, {column}"
+        )
+        return [SpendTotal(*(_plain(v) for v in row)) for row in self._query(query, params)]
+
+    def buckets(self, since: float, bucket_s: float) -> list[tuple[float, str, float, int]]:
+        """(bucket start, route, USD, requests) for rows since ``since``, to seed the live spend view."""
+        start = self.dialect.bucket.format(p="?")
+        query = f"SELECT {start}, route, sum(cost_usd), count(*) FROM requests WHERE time >= ? GROUP BY 1, 2"
+        return [
+            (float(b), r, float(u), int(n)) for b, r, u, n in self._query(query, (bucket_s, bucket_s, since))
+        ]
+
+    def earliest(self) -> float | None:
+        rows = self._query("SELECT min(time) FROM requests")
+        return None if not rows or rows[0][0] is None else float(rows[0][0])
+
+    def recent(self, limit: int) -> list[dict[str, Any]]:
+        """The newest ``limit`` rows by start time, newest first."""
+        query = f"SELECT {', '.join(RECENT_COLUMNS)} FROM requests ORDER BY time DESC LIMIT ?"
+        return [dict(zip(RECENT_COLUMNS, row, strict=True)) for row in self._query(query, (limit,))]
+
+
+def _plain(value: Any) -> Any:
+    """PostgreSQL's sum() of bigints is a Decimal: reports want ints."""
+    if value is not None and type(value).__name__ == "Decimal":
+        return int(value)
+    return value

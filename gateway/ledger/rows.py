@@ -1,0 +1,140 @@
+"""What the ledger holds: one ``LedgerRow`` per request, built from its observation, and the
+``SpendTotal`` the reports sum rows into."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from types import MappingProxyType
+from typing import Any, NamedTuple
+
+from gateway.request.observation import Observation
+
+
+class LedgerRow(NamedTuple):
+    """One request. ``time`` is the wall-clock start in Unix seconds; costs are USD; durations seconds.
+
+    A tuple in column order: built once per request and handed to the database as is.
+    """
+
+    time: float
+    request_id: str
+    api_key_name: str | None  # the key's name from the policy, never the key itself
+    route: str
+    endpoint: str
+    stream: bool
+    backend: str | None  # the last backend tried (the one that answered, when one did)
+    upstream_model: str | None
+    prompt_tokens: int
+    cached_prompt_tokens: int
+    completion_tokens: int  # includes reasoning tokens
+    reasoning_tokens: int
+    usage_source: str | None  # "reported" by the upstream or "counted" by the gateway; None: no usage
+    cost_usd: float
+    cost_basis: str | None  # "per_token", "gpu_hours_amortized", "gpu_hours_unmeasured"
+    reserved_usd: float | None  # what budget admission reserved, to audit predictions against costs
+    ttft_s: float | None
+    first_answer_s: float | None
+    decode_tokens_per_s: float | None
+    duration_s: float | None
+    status: str  # "ok" or "error"
+    error_type: str | None
+    attempts: int
+    decision_reason: str | None
+    replica: str | None = None  # the gateway process that served it (GATEWAY_REPLICA, or host:pid)
+    # Schema 3: what the request used and went through.
+    prefill_cost_usd: float | None = None  # a pool's share of cost_usd for processing the prompt
+    queued_s: float = 0.0  # seconds waiting in the route's queue for a free or unpaused candidate
+    attempt_log: str = ""  # each attempt, in order: "backend:status[:http_status]" joined by ";"
+    probe: bool = False  # a synthetic probe (the ``probes`` table): billed to no route or key
+
+
+# Written with every row: its fields, then the row key the writer gives it (unique per row, so a
+# batch retried after an unclear failure, say a connection cut at commit, is not counted twice).
+COLUMNS: tuple[str, ...] = (*LedgerRow._fields, "row_key")
+PROBE_COLUMN = COLUMNS.index("probe")
+
+
+def split_probes(rows: Sequence[tuple[Any, ...]]) -> tuple[list[tuple[Any, ...]], list[tuple[Any, ...]]]:
+    """Rows for the ``requests`` table, and the synthetic probes' rows for the ``probes`` table."""
+    requests = [row for row in rows if not row[PROBE_COLUMN]]
+    probes = [row for row in rows if row[PROBE_COLUMN]]
+    return requests, probes
+
+
+class SpendTotal(NamedTuple):
+    """Spend summed over ledger rows sharing a key (a route, a backend, an API key name...)."""
+
+    key: str | None
+    requests: int
+    errors: int
+    prompt_tokens: int
+    cached_prompt_tokens: int
+    completion_tokens: int
+    reasoning_tokens: int
+    cost_usd: float
+    bases: str  # the cost bases seen, comma-separated
+    fallbacks: int = 0  # requests that needed more than one attempt
+
+
+GROUP_COLUMNS: Mapping[str, str] = MappingProxyType(
+    {"route": "route", "backend": "backend", "key": "api_key_name", "replica": "replica"}
+)
+
+
+def row_of(
+    observation: Observation,
+    started_wall: float,
+    upstream_model: str | None,
+    reserved_usd: float | None,
+    replica: str | None = None,
+) -> LedgerRow:
+    """The ledger row of a finished request: tokens summed over its attempts, timings of the last one."""
+    prompt = cached = completion = reasoning = 0
+    source: str | None = None
+    for attempt in observation.attempts:
+        usage = attempt.usage
+        if usage is not None:
+            prompt, cached = prompt + usage.prompt_tokens, cached + usage.cached_prompt_tokens
+            completion, reasoning = completion + usage.completion_tokens, reasoning + usage.reasoning_tokens
+            source = "counted" if usage.source == "counted" or source == "counted" else "reported"
+    final = observation.final
+    finished = observation.finished_at
+    return LedgerRow(
+        started_wall,
+        observation.request_id,
+        observation.api_key_name,
+        observation.route,
+        observation.endpoint,
+        observation.stream,
+        observation.backend,
+        upstream_model,
+        prompt,
+        cached,
+        completion,
+        reasoning,
+        source,
+        observation.cost_usd or 0.0,
+        observation.cost_basis,
+        reserved_usd,
+        final.ttft_s if final else None,
+        final.first_answer_s if final else None,
+        final.decode_tokens_per_s if final else None,
+        None if finished is None else finished - observation.started_at,
+        observation.status,
+        observation.error_type,
+        len(observation.attempts),
+        observation.decision_reason,
+        replica,
+        observation.prefill_cost_usd,
+        observation.queued_s,
+        attempt_log(observation),
+        observation.endpoint == "probe",
+    )
+
+
+def attempt_log(observation: Observation) -> str:
+    """Every attempt of a request in one short string, e.g. "paid-api:upstream_error:503;b300:ok"."""
+    return ";".join(
+        f"{a.backend}:{a.status}" + ("" if a.http_status is None else f":{a.http_status}")
+        for a in observation.attempts
+    )

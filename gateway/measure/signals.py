@@ -1,0 +1,382 @@
+"""Load signals and health that backends report about themselves, scraped off the request path.
+
+vLLM and llama.cpp expose queue depth, running requests and KV-cache use; the decision uses them to
+predict TTFT before sending, and a failing health check keeps a booting backend out of rotation.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import math
+import time
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass, replace
+from typing import Protocol
+
+from prometheus_client.parser import text_string_to_metric_families
+
+from gateway.backends.base import Fetched
+from gateway.policy.compiled import CompiledBackend
+
+# A GET through the process's upstream HTTP stack: (url, headers, timeout_s) -> what came back.
+Fetch = Callable[[str, "dict[str, str] | None", float], Awaitable[Fetched]]
+
+logger = logging.getLogger("gateway.measure.signals")
+
+
+@dataclass(frozen=True, slots=True)
+class LoadSignals:
+    scraped_at: float  # clock seconds
+    running: float | None = None  # decoding now (vllm:num_requests_running, llamacpp:requests_processing)
+    waiting: float | None = None  # requests queued (vllm:num_requests_waiting, llamacpp:requests_deferred)
+    kv_cache_usage: float | None = None  # 0..1
+    generation_tokens_total: float | None = None  # monotonic counter, for the pool's own throughput
+    generation_tokens_per_s: float | None = None  # rate of that counter between the last two scrapes
+    slots_total: int | None = None  # llama.cpp parallel slots
+    slots_busy: int | None = None
+
+
+class SignalSink(Protocol):
+    """Where scraped signals go: the live stats the decision reads."""
+
+    def update_signals(self, backend: str, signals: LoadSignals) -> None: ...
+
+    def set_health(self, backend: str, healthy: bool, booting: bool = False) -> None: ...
+
+
+# Metric stems each parser reads; vLLM's page is mostly histograms, so only these lines are parsed.
+_VLLM_STEMS = (
+    "vllm:num_requests_running",
+    "vllm:num_requests_waiting",
+    "vllm:kv_cache_usage_perc",
+    "vllm:gpu_cache_usage_perc",
+    "vllm:generation_tokens",
+)
+_LLAMACPP_STEMS = (
+    "llamacpp:requests_processing",
+    "llamacpp:requests_deferred",
+    "llamacpp:kv_cache_usage_ratio",
+    "llamacpp:tokens_predicted",
+)
+
+
+def parse_vllm_metrics(text: str, scraped_at: float, previous: LoadSignals | None) -> LoadSignals:
+    """Reads vLLM's ``/metrics``; counts are summed over label sets (model_name, engine).
+
+    The KV-cache share is averaged instead: each data-parallel engine has its own cache.
+    """
+    samples = _finite_samples(text, _VLLM_STEMS)
+    kv = _share(samples, "vllm:kv_cache_usage_perc")
+    if kv is None:
+        kv = _share(samples, "vllm:gpu_cache_usage_perc")  # the name older vLLM releases use
+    return _load_signals(
+        scraped_at,
+        previous,
+        running=_sum(samples, "vllm:num_requests_running"),
+        waiting=_sum(samples, "vllm:num_requests_waiting"),
+        kv_cache_usage=kv,
+        generation_tokens_total=_sum(samples, "vllm:generation_tokens_total"),
+    )
+
+
+def parse_llamacpp_metrics(text: str, scraped_at: float, previous: LoadSignals | None) -> LoadSignals:
+    """Reads ``llama-server --metrics``; the KV-cache ratio only exists in older builds."""
+    samples = _finite_samples(text, _LLAMACPP_STEMS)
+    return _load_signals(
+        scraped_at,
+        previous,
+        running=_sum(samples, "llamacpp:requests_processing"),
+        waiting=_sum(samples, "llamacpp:requests_deferred"),
+        kv_cache_usage=_share(samples, "llamacpp:kv_cache_usage_ratio"),
+        generation_tokens_total=_sum(samples, "llamacpp:tokens_predicted_total"),
+    )
+
+
+def parse_llamacpp_slots(payload: object) -> tuple[int, int]:
+    """``(total, busy)`` from llama.cpp's ``/slots`` list, newer (``is_processing``) or older (``state``)."""
+    if not isinstance(payload, list):
+        raise ValueError("/slots did not answer a JSON list")
+    busy = 0
+    for slot in payload:
+        if not isinstance(slot, dict):
+            raise ValueError("a /slots entry is not an object")
+        if "is_processing" in slot:
+            busy += bool(slot["is_processing"])
+        elif "state" in slot:
+            busy += slot["state"] != 0  # 0 is idle; forks number several busy states
+        else:
+            raise ValueError("a /slots entry has neither is_processing nor state")
+    return len(payload), busy
+
+
+def _finite_samples(text: str, stems: tuple[str, ...]) -> dict[str, list[float]]:
+    wanted = "\n".join(line for line in text.splitlines() if any(stem in line for stem in stems))
+    found: dict[str, list[float]] = {}
+    for family in text_string_to_metric_families(wanted):
+        for sample in family.samples:
+            if math.isfinite(sample.value):
+                found.setdefault(sample.name, []).append(float(sample.value))
+    return found
+
+
+def _sum(samples: dict[str, list[float]], name: str) -> float | None:
+    values = samples.get(name)
+    return math.fsum(values) if values else None
+
+
+def _share(samples: dict[str, list[float]], name: str) -> float | None:
+    """The mean over label sets of a 0..1 gauge, clamped to 0..1."""
+    values = samples.get(name)
+    return min(max(math.fsum(values) / len(values), 0.0), 1.0) if values else None
+
+
+def _load_signals(
+    scraped_at: float,
+    previous: LoadSignals | None,
+    *,
+    running: float | None,
+    waiting: float | None,
+    kv_cache_usage: float | None,
+    generation_tokens_total: float | None,
+) -> LoadSignals:
+    return LoadSignals(
+        scraped_at=scraped_at,
+        running=running,
+        waiting=waiting,
+        kv_cache_usage=kv_cache_usage,
+        generation_tokens_total=generation_tokens_total,
+        generation_tokens_per_s=_token_rate(generation_tokens_total, scraped_at, previous),
+    )
+
+
+def _token_rate(total: float | None, scraped_at: float, previous: LoadSignals | None) -> float | None:
+    if total is None or previous is None or previous.generation_tokens_total is None:
+        return None
+    elapsed = scraped_at - previous.scraped_at
+    if elapsed <= 0:
+        return None
+    increase = total - previous.generation_tokens_total
+    if increase < 0:  # the server restarted and its counter with it: all it counted since is new
+        increase = total
+    return increase / elapsed
+
+
+def body_of(reply: Fetched) -> str:
+    """The text of a 200 answer; ValueError naming what came instead."""
+    if reply.status is None:
+        raise ValueError(reply.error)
+    if reply.status != 200:
+        raise ValueError(f"HTTP {reply.status}")
+    return reply.text
+
+
+def health_of(status: int | None) -> tuple[bool, bool]:
+    """``(healthy, booting)`` from a health check's status: 200 is up, 503 is loading (vLLM and
+    llama.cpp both answer 503 while they load weights), anything else or no answer is down."""
+    return status == 200, status == 503
+
+
+@dataclass(slots=True)
+class _Watch:
+    """What the scraper remembers about one backend between rounds."""
+
+    backend: CompiledBackend
+    task: asyncio.Task[None] | None = None
+    previous: LoadSignals | None = None  # last metrics reading, for the token rate
+    last_attempt_at: float | None = None
+    last_scrape_at: float | None = None
+    last_error: str | None = None
+    stale: bool = False
+    healthy: bool | None = None  # None until the first health answer
+    booting: bool = False
+
+
+class SignalScraper:
+    """One asyncio loop per backend that has signal URLs, each about every ``interval_s`` seconds."""
+
+    def __init__(
+        self, sink: SignalSink, fetch: Fetch, *, clock: Callable[[], float] = time.monotonic
+    ) -> None:
+        self._sink = sink
+        self._fetch = fetch
+        self._clock = clock
+        self._round_done = asyncio.Event()  # set after every round, for first_round_done
+        self._watches: dict[str, _Watch] = {}
+        self._retired: set[asyncio.Task[None]] = set()
+        self._running = False
+
+    def set_backends(self, backends: Mapping[str, CompiledBackend]) -> None:
+        """Follow a (re)loaded policy; must be called from the event loop's thread."""
+        for name in [name for name in self._watches if name not in backends]:
+            self._retire(self._watches.pop(name))
+        for name, backend in backends.items():
+            watch = self._watches.get(name)
+            if watch is not None and _same_source(watch.backend, backend):
+                watch.backend = backend  # the loop reads it each round: new key or timeouts apply
+                continue
+            if watch is not None:
+                self._retire(watch)
+            self._watches[name] = _Watch(backend)
+        if self._running:
+            self._start_loops()
+
+    async def start(self) -> None:
+        self._running = True
+        self._start_loops()
+
+    async def stop(self) -> None:
+        self._running = False
+        tasks = list(self._retired)
+        for watch in self._watches.values():
+            if watch.task is not None:
+                tasks.append(watch.task)
+                watch.task = None
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+    async def first_round_done(self, timeout_s: float = 2.0) -> None:
+        """Wait (briefly) until every watched backend has had its first round, so that a readiness
+        check right after start-up reports what the backends said rather than "unknown"."""
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(timeout_s):
+                while any(w.task is not None and w.last_attempt_at is None for w in self._watches.values()):
+                    self._round_done.clear()
+                    await self._round_done.wait()
+
+    def status(self) -> dict[str, dict[str, object]]:
+        return {
+            name: {
+                "watched": _has_signal_urls(watch.backend),
+                "last_scrape_at": watch.last_scrape_at,
+                "last_attempt_at": watch.last_attempt_at,
+                "last_error": watch.last_error,
+                "stale": watch.stale,
+                "healthy": watch.healthy if watch.backend.signals.health_url else True,
+                "booting": watch.booting,
+            }
+            for name, watch in self._watches.items()
+        }
+
+    async def scrape_once(self, backend: CompiledBackend) -> None:
+        """One round: metrics, slots and health, read together. Never raises for a backend's fault."""
+        watch = self._watches.setdefault(backend.name, _Watch(backend))
+        signals = backend.signals
+        now = self._clock()
+        metrics, slots, health = await asyncio.gather(
+            self._get(backend, signals.metrics_url),
+            self._get(backend, signals.slots_url),
+            self._get(backend, signals.health_url),
+        )
+        watch.last_attempt_at = now
+        self._round_done.set()
+        errors: list[str] = []
+        load = self._read_load(backend, watch, now, metrics, slots, errors)
+        if load is not None:
+            watch.last_scrape_at = now
+            self._sink.update_signals(backend.name, load)
+        self._note_load_errors(watch, errors)
+        if health is not None:
+            self._note_health(watch, health, errors)
+        watch.last_error = "; ".join(errors) or None
+
+    def _start_loops(self) -> None:
+        for watch in self._watches.values():
+            if watch.task is None and _has_signal_urls(watch.backend):
+                watch.task = asyncio.create_task(self._run(watch), name=f"signals:{watch.backend.name}")
+
+    def _retire(self, watch: _Watch) -> None:
+        if watch.task is not None:
+            watch.task.cancel()
+            self._retired.add(watch.task)
+            watch.task.add_done_callback(self._retired.discard)
+
+    async def _run(self, watch: _Watch) -> None:
+        loop = asyncio.get_running_loop()
+        while True:
+            started = loop.time()
+            try:
+                await self.scrape_once(watch.backend)
+            except Exception:  # a bug (ours or the sink's) must not silently freeze this backend's signals
+                logger.exception("signal round for %s failed", watch.backend.name)
+            interval = watch.backend.signals.interval_s
+            await asyncio.sleep(max(0.0, interval - (loop.time() - started)))
+
+    async def _get(self, backend: CompiledBackend, url: str | None) -> Fetched | None:
+        if url is None:
+            return None
+        headers = {"Authorization": f"Bearer {backend.api_key}"} if backend.api_key else None
+        # Short: a round must not outlive its interval by much, yet a busy box answers slower.
+        return await self._fetch(url, headers, min(max(backend.signals.interval_s, 0.5), 2.0))
+
+    def _read_load(
+        self,
+        backend: CompiledBackend,
+        watch: _Watch,
+        now: float,
+        metrics: Fetched | None,
+        slots: Fetched | None,
+        errors: list[str],
+    ) -> LoadSignals | None:
+        load: LoadSignals | None = None
+        if metrics is not None:
+            try:
+                load = _parse_metrics(backend.dialect, body_of(metrics), now, watch.previous)
+            except ValueError as exc:
+                errors.append(f"metrics: {exc}")
+            else:
+                watch.previous = load
+        if slots is not None:
+            try:
+                total, busy = parse_llamacpp_slots(json.loads(body_of(slots)))
+            except ValueError as exc:
+                errors.append(f"slots: {exc}")
+            else:
+                load = replace(load or LoadSignals(scraped_at=now), slots_total=total, slots_busy=busy)
+        return load
+
+    def _note_load_errors(self, watch: _Watch, errors: list[str]) -> None:
+        stale = bool(errors)
+        if stale and not watch.stale:
+            logger.warning("load signals of %s are stale: %s", watch.backend.name, "; ".join(errors))
+        elif watch.stale and not stale:
+            logger.info("load signals of %s are fresh again", watch.backend.name)
+        watch.stale = stale
+
+    def _note_health(self, watch: _Watch, reply: Fetched, errors: list[str]) -> None:
+        healthy, booting = health_of(reply.status)
+        if not healthy:
+            errors.append(f"health: {reply.error or f'HTTP {reply.status}'}")
+        if (healthy, booting) == (watch.healthy, watch.booting):
+            return
+        name = watch.backend.name
+        if healthy:
+            logger.info("backend %s is healthy", name)
+        elif booting:
+            logger.info("backend %s is booting (health answers 503)", name)
+        else:
+            logger.warning("backend %s is unhealthy: %s", name, errors[-1])
+        watch.healthy, watch.booting = healthy, booting
+        self._sink.set_health(name, healthy, booting)
+
+
+def _parse_metrics(dialect: str, text: str, now: float, previous: LoadSignals | None) -> LoadSignals:
+    # Dialects without load metrics of their own (a plain OpenAI-compatible server) are sniffed.
+    llamacpp = dialect == "llamacpp" or (dialect != "vllm" and "llamacpp:" in text)
+    load = (parse_llamacpp_metrics if llamacpp else parse_vllm_metrics)(text, now, previous)
+    if (load.running, load.waiting, load.kv_cache_usage, load.generation_tokens_total) == (None,) * 4:
+        raise ValueError("no known load metric in the answer")
+    return load
+
+
+def _same_source(old: CompiledBackend, new: CompiledBackend) -> bool:
+    """Whether a reload left what is scraped alone, so the previous sample still counts."""
+    return old.dialect == new.dialect and old.signals == new.signals
+
+
+def _has_signal_urls(backend: CompiledBackend) -> bool:
+    signals = backend.signals
+    return any((signals.metrics_url, signals.slots_url, signals.health_url))

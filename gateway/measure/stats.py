@@ -1,0 +1,481 @@
+"""Live per-backend measurements from real traffic (this replica's, and the fleet's merged in): time-
+decayed TTFT quantiles, speeds, error rates. Decisions read cheap frozen ``BackendView`` snapshots.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from types import MappingProxyType
+
+from gateway.measure.health import CircuitBreaker, CircuitState, is_backend_failure
+from gateway.measure.signals import LoadSignals
+from gateway.request.observation import Attempt
+
+_NO_ROUTES: Mapping[str, float] = MappingProxyType({})
+PREFILL_MIN_TOKENS = 1000  # uncached prompt tokens from which an attempt's TTFT measures prefill speed
+
+
+class DecayedSamples:
+    """The last ``window`` values; quantiles weigh each one by half every ``half_life_s`` of its age."""
+
+    __slots__ = ("_half_life_s", "_next", "_times", "_values", "_window")
+
+    def __init__(self, window: int, half_life_s: float) -> None:
+        self._window = window
+        self._half_life_s = half_life_s
+        self._values: list[float] = []
+        self._times: list[float] = []
+        self._next = 0
+
+    def __len__(self) -> int:
+        return len(self._values)
+
+    def add(self, at: float, value: float) -> None:
+        if len(self._values) < self._window:
+            self._values.append(value)
+            self._times.append(at)
+            return
+        self._values[self._next] = value
+        self._times[self._next] = at
+        self._next = (self._next + 1) % self._window
+
+    def forget_before(self, at: float) -> None:
+        """Drop every sample older than ``at`` (a slow spell that probes showed is over)."""
+        kept = [(t, v) for t, v in zip(self._times, self._values, strict=True) if t >= at]
+        self._times = [t for t, _ in kept]
+        self._values = [v for _, v in kept]
+        if len(kept) < self._window:
+            self._next = 0  # not full any more: new samples are appended again
+
+    def quantiles(self, *qs: float) -> tuple[float, ...] | None:
+        if not self._values:
+            return None
+        # Weights relative to the newest sample: scaling all weights alike leaves quantiles unchanged,
+        # so the result depends on sample ages, not on when it is asked for.
+        newest = max(self._times)
+        half_life = self._half_life_s
+        weights = [0.5 ** ((newest - t) / half_life) for t in self._times]
+        order = sorted(range(len(self._values)), key=self._values.__getitem__)
+        total = math.fsum(weights)
+        results = []
+        for q in qs:
+            target = q * total
+            cumulative = 0.0
+            chosen = self._values[order[-1]]
+            for i in order:
+                cumulative += weights[i]
+                if cumulative >= target:
+                    chosen = self._values[i]
+                    break
+            results.append(chosen)
+        return tuple(results)
+
+
+class DecayedMean:
+    """A mean in which each value's weight halves every ``half_life_s``; rates are means of 0/1."""
+
+    __slots__ = ("_at", "_half_life_s", "_sum", "_weight")
+
+    def __init__(self, half_life_s: float) -> None:
+        self._half_life_s = half_life_s
+        self._sum = 0.0
+        self._weight = 0.0
+        self._at = 0.0
+
+    def add(self, at: float, value: float) -> None:
+        decay = 0.5 ** (max(0.0, at - self._at) / self._half_life_s)
+        self._at = max(at, self._at)
+        self._sum = self._sum * decay + value
+        self._weight = self._weight * decay + 1.0
+
+    @property
+    def value(self) -> float | None:
+        return self._sum / self._weight if self._weight > 0 else None
+
+
+@dataclass(frozen=True, slots=True)
+class AttemptTicket:
+    """Handed out when an attempt starts, handed back when it ends."""
+
+    backend: str
+    started_at: float
+    probe: bool  # the one request a half-open circuit lets through
+
+
+@dataclass(frozen=True, slots=True)
+class BackendView:
+    """What a decision may know about one backend at one moment; never changes once built."""
+
+    name: str
+    samples: int = 0  # TTFT samples in the window; 0 means unmeasured
+    last_sample_at: float | None = None
+    ttft_p50_s: float | None = None
+    ttft_p95_s: float | None = None
+    first_answer_p50_s: float | None = None
+    first_answer_p95_s: float | None = None
+    decode_tokens_per_s: float | None = None  # per stream
+    aggregate_tokens_per_s: float | None = None  # whole pool, while busy
+    busy_concurrency: float = 1.0  # average streams while busy, at least 1
+    service_time_s: float | None = None  # mean duration of a successful attempt
+    inflight: int = 0
+    error_rate: float = 0.0
+    timeout_rate: float = 0.0
+    circuit: CircuitState = "closed"
+    accepts_requests: bool = True  # circuit closed, or half-open with its probe slot free
+    healthy: bool = True
+    booting: bool = False
+    signals: LoadSignals | None = None  # None when never scraped or stale
+    paused_until: float | None = None  # an upstream 429's Retry-After: no attempt before then
+    prefill_tokens_per_s: float | None = None  # prompt tokens processed per second (long prompts)
+    probes: int = 0  # synthetic probes this backend has answered (gateway/probes.py)
+    last_probe_at: float | None = None
+    last_user_sample_at: float | None = None  # the newest TTFT sample of a user's request
+    completion_tokens_by_route: Mapping[str, float] = field(default_factory=lambda: _NO_ROUTES)
+
+    def learned_completion_tokens(self, route: str) -> float | None:
+        return self.completion_tokens_by_route.get(route)
+
+
+class _BackendStats:
+    """Mutable measurements of one backend; builds a fresh view only when something changed."""
+
+    def __init__(self, name: str, owner: LiveStats, breaker: CircuitBreaker) -> None:
+        half_life, window = owner.half_life_s, owner.window
+        self.name = name
+        self.owner = owner
+        self.breaker = breaker
+        self.ttft = DecayedSamples(window, half_life)
+        self.first_answer = DecayedSamples(window, half_life)
+        self.decode_tps = DecayedMean(half_life)
+        self.service_time = DecayedMean(half_life)
+        self.errors = DecayedMean(half_life)
+        self.timeouts = DecayedMean(half_life)
+        self.signal_running = DecayedMean(half_life)
+        self.prefill_tps = DecayedMean(half_life)
+        self.paused_until: float | None = None
+        self.probes = 0
+        self.last_probe_at: float | None = None
+        self.last_user_sample_at: float | None = None
+        self.recovering_since: float | None = None  # first of the fast probes in a row
+        self.fast_probes = 0
+        self.completion_tokens: dict[str, DecayedMean] = {}
+        self.healthy = True
+        self.booting = False
+        self.signals: LoadSignals | None = None
+        self.last_sample_at: float | None = None
+        # In-flight accounting: an exact running integral, and a decayed one over busy time only.
+        self.inflight = 0
+        self.probing = 0  # of ``inflight``, synthetic probes: they hold a slot but decode nothing
+        self.remote_inflight = 0  # other replicas' attempts in flight, as they last said
+        self.inflight_seconds = 0.0
+        self.busy_area = 0.0
+        self.busy_time = 0.0
+        self.integrated_at = owner.clock()
+        # View cache: quantiles are the only costly part, so they are recomputed at most every
+        # ``refresh_s``; everything else is rebuilt whenever it changed.
+        self.quantiles: tuple[float | None, ...] = (None, None, None, None)
+        self.summarized_samples = 0
+        self.summarized_at = -math.inf
+        self.samples_pending = False
+        self.changed = True
+        self.next_check_at = -math.inf
+        self.cached_view: BackendView | None = None
+
+    def integrate(self, now: float) -> None:
+        elapsed = now - self.integrated_at
+        if elapsed <= 0:
+            return
+        self.inflight_seconds += self.inflight * elapsed
+        decay = 0.5 ** (elapsed / self.owner.half_life_s)
+        self.busy_area *= decay
+        self.busy_time *= decay
+        fleet = self.inflight - self.probing + self.remote_inflight
+        if fleet > 0:
+            self.busy_area += fleet * elapsed
+            self.busy_time += elapsed
+        self.integrated_at = now
+
+    def record(self, attempt: Attempt, route: str, now: float) -> None:
+        ttft, first_answer = attempt.ttft_s, attempt.first_answer_s
+        if attempt.status == "timeout" and attempt.duration_s is not None:
+            # A timeout is a lower bound on the latency: count it, or a hanging backend looks fast.
+            ttft = ttft if ttft is not None else attempt.duration_s
+            first_answer = first_answer if first_answer is not None else attempt.duration_s
+        if ttft is not None:
+            self.ttft.add(now, ttft)
+            self.last_sample_at = now
+            self.samples_pending = True
+            if not attempt.probe:
+                self.last_user_sample_at = now
+        if first_answer is not None:
+            self.first_answer.add(now, first_answer)
+            self.samples_pending = True
+        failed = is_backend_failure(attempt)
+        if failed is not None:
+            self.errors.add(now, 1.0 if failed else 0.0)
+            self.timeouts.add(now, 1.0 if attempt.status == "timeout" else 0.0)
+        if attempt.probe:
+            self.probes += 1
+            self.last_probe_at = now
+            return  # a one-token probe teaches TTFT and health, not speeds or output lengths
+        if attempt.status == "ok":
+            usage = attempt.usage
+            if usage is not None and ttft is not None and ttft > 0:
+                uncached = usage.prompt_tokens - usage.cached_prompt_tokens
+                if uncached >= PREFILL_MIN_TOKENS:  # short prompts: TTFT is mostly overhead
+                    self.prefill_tps.add(now, uncached / ttft)
+            tps = attempt.decode_tokens_per_s
+            if tps is not None:
+                self.decode_tps.add(now, tps)
+            if attempt.duration_s is not None:
+                self.service_time.add(now, attempt.duration_s)
+            if attempt.usage is not None:
+                mean = self.completion_tokens.get(route)
+                if mean is None:
+                    mean = self.completion_tokens[route] = DecayedMean(self.owner.half_life_s)
+                mean.add(now, attempt.usage.completion_tokens)
+
+    def busy_concurrency(self, now: float) -> float:
+        """Average streams while busy, counting the current stretch; other clients' via signals."""
+        area, busy = self.busy_area, self.busy_time
+        elapsed = now - self.integrated_at
+        if elapsed > 0:
+            decay = 0.5 ** (elapsed / self.owner.half_life_s)
+            area, busy = area * decay, busy * decay
+            fleet = self.inflight - self.probing + self.remote_inflight
+            if fleet > 0:
+                area += fleet * elapsed
+                busy += elapsed
+        own = area / busy if busy > 0 else 1.0
+        concurrency = max(own, self.signal_running.value or 1.0, 1.0)
+        # Requests queued behind a full llama.cpp server are in flight but not decoding.
+        slots = self.signals.slots_total if self.signals is not None else None
+        return min(concurrency, float(slots)) if slots else concurrency
+
+    def view(self, now: float) -> BackendView:
+        if self.cached_view is not None and not self.changed and now < self.next_check_at:
+            return self.cached_view
+        refresh_s = self.owner.refresh_s
+        if self.samples_pending and (now - self.summarized_at >= refresh_s or self.summarized_samples == 0):
+            self.quantiles = (self.ttft.quantiles(0.5, 0.95) or (None, None)) + (
+                self.first_answer.quantiles(0.5, 0.95) or (None, None)
+            )
+            self.summarized_samples = len(self.ttft)
+            self.summarized_at = now
+            self.samples_pending = False
+        signals = self.signals
+        stale_at = math.inf
+        if signals is not None:
+            stale_at = signals.scraped_at + self.owner.signals_stale_after_s
+            if now >= stale_at:
+                signals, stale_at = None, math.inf
+        decode = self.decode_tps.value
+        concurrency = self.busy_concurrency(now)
+        self.cached_view = BackendView(
+            name=self.name,
+            samples=self.summarized_samples,
+            last_sample_at=self.last_sample_at,
+            ttft_p50_s=self.quantiles[0],
+            ttft_p95_s=self.quantiles[1],
+            first_answer_p50_s=self.quantiles[2],
+            first_answer_p95_s=self.quantiles[3],
+            decode_tokens_per_s=decode,
+            aggregate_tokens_per_s=None if decode is None else decode * concurrency,
+            busy_concurrency=concurrency,
+            service_time_s=self.service_time.value,
+            inflight=self.inflight + self.remote_inflight,
+            error_rate=self.errors.value or 0.0,
+            timeout_rate=self.timeouts.value or 0.0,
+            circuit=self.breaker.state,
+            accepts_requests=self.breaker.allows_request(),
+            healthy=self.healthy,
+            booting=self.booting,
+            signals=signals,
+            paused_until=self.paused_until
+            if self.paused_until is not None and self.paused_until > now
+            else None,
+            prefill_tokens_per_s=self.prefill_tps.value,
+            probes=self.probes,
+            last_probe_at=self.last_probe_at,
+            last_user_sample_at=self.last_user_sample_at,
+            completion_tokens_by_route=MappingProxyType(
+                {
+                    route: mean.value
+                    for route, mean in self.completion_tokens.items()
+                    if mean.value is not None
+                }
+            ),
+        )
+        self.changed = False
+        # The next moment this view may go out of date with nothing fed in: a circuit's cooldown
+        # ends, signals go stale, pending samples are due, or busy concurrency drifts.
+        next_check = stale_at
+        half_open_at = self.breaker.half_open_at
+        if half_open_at is not None and half_open_at > now:
+            next_check = min(next_check, half_open_at)
+        if self.paused_until is not None and self.paused_until > now:
+            next_check = min(next_check, self.paused_until)
+        if self.samples_pending:
+            next_check = min(next_check, self.summarized_at + refresh_s)
+        if self.inflight + self.remote_inflight > 0:
+            next_check = min(next_check, now + refresh_s)
+        self.next_check_at = next_check
+        return self.cached_view
+
+
+class LiveStats:
+    """Every backend's live measurements, fed by the request path, the signal scraper and health checks.
+
+    ``clock`` returns seconds; inject a fake one to drive it in virtual time.
+    """
+
+    def __init__(
+        self,
+        clock: Callable[[], float],
+        *,
+        half_life_s: float = 60.0,
+        window: int = 256,
+        refresh_s: float = 0.1,
+        signals_stale_after_s: float = 10.0,
+        make_breaker: Callable[[Callable[[], float]], CircuitBreaker] = CircuitBreaker,
+    ) -> None:
+        self.clock = clock
+        self.half_life_s = half_life_s
+        self.window = window
+        self.refresh_s = refresh_s
+        self.signals_stale_after_s = signals_stale_after_s
+        self._make_breaker = make_breaker
+        self._backends: dict[str, _BackendStats] = {}
+
+    def _stats(self, backend: str) -> _BackendStats:
+        stats = self._backends.get(backend)
+        if stats is None:
+            stats = self._backends[backend] = _BackendStats(backend, self, self._make_breaker(self.clock))
+        return stats
+
+    def attempt_started(self, backend: str, *, probe: bool = False) -> AttemptTicket:
+        stats = self._stats(backend)
+        now = self.clock()
+        stats.integrate(now)
+        stats.inflight += 1
+        stats.probing += probe
+        stats.changed = True
+        return AttemptTicket(backend, now, probe=stats.breaker.attempt_started())
+
+    def attempt_finished(self, ticket: AttemptTicket, attempt: Attempt, route: str) -> None:
+        """Call exactly once per ticket, in a ``finally``: in-flight counts and probes depend on it."""
+        stats = self._stats(ticket.backend)
+        now = self.clock()
+        stats.integrate(now)
+        stats.inflight = max(0, stats.inflight - 1)
+        stats.record(attempt, route, now)
+        stats.breaker.record(attempt, probe=ticket.probe)
+        stats.changed = True
+
+    def update_signals(self, backend: str, signals: LoadSignals) -> None:
+        stats = self._stats(backend)
+        stats.signals = signals
+        if signals.running is not None:
+            # Other clients may share the pool: the backend's own count of running streams is the
+            # truer concurrency, but it cannot be below what this gateway alone has in flight.
+            running = max(signals.running, stats.inflight + stats.remote_inflight)
+            if running >= 1:
+                stats.signal_running.add(signals.scraped_at, running)
+        stats.changed = True
+
+    def merge_remote(self, attempt: Attempt, route: str, at: float) -> None:
+        """Another replica's finished attempt (``at`` on this clock): it teaches the same things as
+        one of ours, except to the circuit breaker, which follows the other replica's own verdicts."""
+        stats = self._stats(attempt.backend)
+        stats.record(attempt, route, at)
+        stats.changed = True
+
+    def set_remote_inflight(self, backend: str, inflight: int) -> None:
+        stats = self._stats(backend)
+        if stats.remote_inflight != inflight:
+            stats.integrate(self.clock())
+            stats.remote_inflight = inflight
+            stats.changed = True
+
+    def local_inflight(self, backend: str) -> int:
+        """This replica's own attempts in flight (views show the fleet's)."""
+        return self._stats(backend).inflight
+
+    def adopt_circuit(self, backend: str, state: CircuitState, cooldown_s: float, left_s: float) -> None:
+        """Another replica's circuit for ``backend`` opened or closed: follow it."""
+        stats = self._stats(backend)
+        stats.breaker.adopt(state, cooldown_s, left_s)
+        stats.changed = True
+
+    def set_health(self, backend: str, healthy: bool, booting: bool = False) -> None:
+        stats = self._stats(backend)
+        recovered = healthy and not booting and (not stats.healthy or stats.booting)
+        stats.healthy, stats.booting = healthy, booting
+        stats.breaker.health_reported(healthy and not booting, recovered=recovered)
+        stats.changed = True
+
+    def allows_request(self, backend: str) -> bool:
+        """Check before each fallback attempt: a circuit may have opened since the decision."""
+        stats = self._stats(backend)
+        paused = stats.paused_until is not None and stats.paused_until > self.clock()
+        return stats.healthy and not stats.booting and not paused and stats.breaker.allows_request()
+
+    def pause(self, backend: str, until: float) -> None:
+        """An upstream rate limit: no attempt goes to ``backend`` before ``until`` (its Retry-After).
+        Backpressure, not failure: the circuit breaker never sees it."""
+        stats = self._stats(backend)
+        if stats.paused_until is None or until > stats.paused_until:
+            stats.paused_until = until
+            stats.changed = True
+
+    def paused_for(self, backend: str) -> float:
+        """Seconds until ``backend``'s rate limit pause ends; 0 when it is not paused."""
+        until = self._stats(backend).paused_until
+        return 0.0 if until is None else max(0.0, until - self.clock())
+
+    def recovering(self, backend: str) -> bool:
+        """Whether probes have begun to show a recovery that is not confirmed yet."""
+        return self._stats(backend).fast_probes > 0
+
+    def probe_finished(
+        self, ticket: AttemptTicket, attempt: Attempt, recovery_probes: int, ratio: float
+    ) -> None:
+        """A synthetic probe ended. After ``recovery_probes`` in a row faster than ``ratio`` times the
+        measured median TTFT, the samples from before them (a slow spell, now over) stop counting."""
+        stats = self._stats(ticket.backend)
+        stats.integrate(self.clock())
+        stats.probing = max(0, stats.probing - 1)
+        self.attempt_finished(ticket, attempt, "")
+        median = stats.quantiles[0]
+        ttft = attempt.ttft_s
+        if attempt.status != "ok" or ttft is None or median is None or ttft > median * ratio:
+            stats.recovering_since, stats.fast_probes = None, 0
+            stats.changed = True
+            return
+        if stats.recovering_since is None:
+            stats.recovering_since = self.clock()
+        stats.fast_probes += 1
+        if stats.fast_probes >= recovery_probes:
+            stats.ttft.forget_before(stats.recovering_since - 1e-9)
+            stats.first_answer.forget_before(stats.recovering_since - 1e-9)
+            stats.summarized_at = -math.inf
+            stats.samples_pending = True
+            stats.recovering_since, stats.fast_probes = None, 0
+
+    def circuit(self, backend: str) -> CircuitBreaker:
+        return self._stats(backend).breaker
+
+    def inflight_seconds(self, backend: str) -> float:
+        """Exact ∫ in-flight dt since start; the average concurrency over [t1, t2] is the difference
+        of two readings divided by t2 - t1."""
+        stats = self._stats(backend)
+        return stats.inflight_seconds + stats.inflight * max(0.0, self.clock() - stats.integrated_at)
+
+    def view(self, backend: str) -> BackendView:
+        return self._stats(backend).view(self.clock())
+
+    def snapshot(self, backends: Iterable[str]) -> Mapping[str, BackendView]:
+        now = self.clock()
+        return {name: self._stats(name).view(now) for name in backends}

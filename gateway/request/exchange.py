@@ -1,0 +1,180 @@
+"""One client request as one object, from arrival to settlement: the ``Exchange``.
+
+It holds everything the request owns: the policy snapshot it started with (nothing reads the
+runtime's policy after that), the caller's key, the parsed request, the decision, its reservations
+(budget, rate limit), its attempts and the watch on the client's connection. It is settled exactly
+once (``settle``), whichever way the request ends: answered, refused, failed, or left by its client.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable, MutableMapping
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from gateway.backends import Upstream, UpstreamCall
+from gateway.measure.stats import AttemptTicket
+from gateway.policy.compiled import CompiledPolicy, CompiledRoute
+from gateway.policy.decide import Decision
+from gateway.request.auth import ApiKey
+from gateway.request.observation import Attempt, Observation
+
+if TYPE_CHECKING:
+    from gateway.doors import Door
+    from gateway.money.budgets import Reservation
+    from gateway.money.ratelimit import HeldTokens
+    from gateway.runtime import Runtime
+
+Receive = Callable[[], Awaitable[MutableMapping[str, Any]]]
+
+
+@dataclass(slots=True)
+class ClientRequest:
+    """What the client asked for, parsed once."""
+
+    payload: dict[str, Any]
+    route: CompiledRoute
+    stream: bool
+    wants_usage: bool
+    prompt_chars: int
+    prompt_tokens: int  # estimated from its characters, before any upstream counted them
+    max_tokens: int | None
+
+
+class Exchange:
+    __slots__ = (
+        "_current",
+        "_task",
+        "_upstream",
+        "_watcher",
+        "budget",
+        "client",
+        "client_gone",
+        "decision",
+        "door",
+        "key",
+        "observation",
+        "order",
+        "policy",
+        "request_id",
+        "response_ended",
+        "runtime",
+        "settled",
+        "started_at",
+        "tokens",
+    )
+
+    def __init__(self, runtime: Runtime, door: Door, request_id: str) -> None:
+        self.runtime = runtime
+        self.policy: CompiledPolicy = runtime.policy  # the snapshot: the only read of the live policy
+        self.door = door  # the API the client speaks
+        self.request_id = request_id
+        self.started_at = runtime.clock()
+        self.key: ApiKey | None = None
+        self.client: ClientRequest | None = None
+        self.observation: Observation | None = None  # once the request names a route
+        self.decision: Decision | None = None
+        self.order: tuple[str, ...] = ()  # the backends it may try, in order, once admitted
+        self.budget: Reservation | None = None
+        self.tokens: HeldTokens | None = None
+        self.client_gone = False
+        self.response_ended = False  # the client has the whole response: a hang-up now is normal
+        self.settled = False
+        self._current: tuple[Attempt, AttemptTicket] | None = None
+        self._upstream: Upstream | None = None  # the attempt in flight's open answer
+        self._watcher: asyncio.Task[None] | None = None
+        self._task: asyncio.Task[Any] | None = None
+
+    # -- the client's connection -----------------------------------------------------------------
+
+    def watch_client(self, receive: Receive) -> None:
+        """From now on (the body has been read), a client that hangs up cancels this request's task,
+        wherever it waits: for the first byte, for a whole answer, or between chunks. Its upstream
+        connection is then cut, which frees the backend's slot."""
+        self._task = asyncio.current_task()
+        self._watcher = asyncio.get_running_loop().create_task(self._watch(receive))
+
+    async def _watch(self, receive: Receive) -> None:
+        while True:
+            message = await receive()
+            if message["type"] == "http.disconnect":
+                task = self._task
+                if not self.response_ended and not self.settled and task is not None and not task.done():
+                    self.client_gone = True
+                    task.cancel()
+                return
+
+    def absorb_cancel(self) -> bool:
+        """Whether a CancelledError in this request's task was the client leaving (then it is absorbed:
+        a normal end, not an application error) rather than a shutdown (re-raise it)."""
+        task = asyncio.current_task()
+        if not self.client_gone or task is None:
+            return False
+        task.uncancel()
+        return True
+
+    # -- attempts --------------------------------------------------------------------------------
+
+    def begin_attempt(self, backend: str) -> Attempt:
+        observation = self.observation
+        assert observation is not None, "an attempt needs a routed request"
+        ticket = self.runtime.stats.attempt_started(backend)
+        attempt = Attempt(backend=backend, started_at=ticket.started_at)
+        observation.attempts.append(attempt)
+        self._current = (attempt, ticket)
+        return attempt
+
+    async def open(self, call: UpstreamCall) -> Upstream:
+        """Send the attempt in flight to its backend; its answer is closed when the attempt ends."""
+        upstream = await self.runtime.backends.client_for(call.backend).open(call)
+        self._upstream = upstream
+        return upstream
+
+    def end_attempt(self) -> None:
+        """Close the attempt in flight's upstream (reused when read to its end, cut otherwise, which
+        frees the backend's slot) and feed the attempt to stats and costs; a no-op when none is."""
+        upstream, self._upstream = self._upstream, None
+        if upstream is not None:
+            upstream.close()
+        current, self._current = self._current, None
+        if current is None or self.observation is None:
+            return
+        attempt, ticket = current
+        if attempt.finished_at is None:
+            attempt.finished_at = self.runtime.clock()
+        self.runtime.attempt_finished(self, attempt, ticket)
+
+    # -- the end ---------------------------------------------------------------------------------
+
+    def fail(self, error_type: str) -> None:
+        """The request ends in an error the client is told about (the first one named counts)."""
+        observation = self.observation
+        if observation is not None and observation.error_type is None:
+            observation.status = "error"
+            observation.error_type = error_type
+
+    def settle(self) -> None:
+        """Close the books on this request, once: the attempt in flight, the reservations, the ledger
+        row, live spend and metrics. Safe to call from every exit; only the first call acts."""
+        if self.settled:
+            return
+        self.settled = True
+        if self._watcher is not None:
+            self._watcher.cancel()
+        observation = self.observation
+        if self._current is not None:
+            attempt = self._current[0]
+            if self.client_gone and attempt.status == "ok":
+                attempt.status = "cancelled"
+            self.end_attempt()
+        if observation is None:
+            return  # refused before it named a route: nothing reserved, no ledger row
+        observation.finished_at = self.runtime.clock()
+        if self.client_gone:
+            observation.status, observation.error_type = "cancelled", "client_disconnected"
+        elif observation.error_type is None:
+            final = observation.final
+            if final is not None and final.status != "ok":
+                observation.status, observation.error_type = "error", final.status
+        self.runtime.settle(self)

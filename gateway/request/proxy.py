@@ -1,0 +1,271 @@
+"""The request lifecycle, top to bottom: read, route, decide, admit, attempt with fallback, relay, settle.
+
+``serve`` is the whole life of one completion request. Everything it does happens in the named
+steps below, on one ``Exchange`` that is settled exactly once however the request ends.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import Any
+
+import orjson
+from starlette.datastructures import Headers
+from starlette.requests import ClientDisconnect, Request
+from starlette.responses import Response
+from starlette.types import Receive, Scope, Send
+
+from gateway.backends import UpstreamCall
+from gateway.doors import Door
+from gateway.errors import (
+    AttemptFailure,
+    BodyTooLarge,
+    GatewayError,
+    InternalError,
+    NoRouteAvailable,
+    UpstreamError,
+    UpstreamTimeout,
+)
+from gateway.request.auth import authorize_route
+from gateway.request.dialect import insert_usage_cost, read_completion
+from gateway.request.exchange import ClientRequest, Exchange
+from gateway.request.observation import Attempt, Observation
+from gateway.request.resume import transcript_for
+from gateway.request.streaming import StreamMeter, StreamRelay, first_events
+from gateway.request.waiting import worth_waiting
+from gateway.runtime import Runtime
+
+log = logging.getLogger("gateway")
+
+
+async def serve(runtime: Runtime, door: Door, scope: Scope, receive: Receive, send: Send) -> None:
+    """One request through ``door`` as a bare ASGI call; every error becomes the door's error body here."""
+    request = Request(scope, receive)
+    exchange = Exchange(runtime, door, request_id(request.headers, runtime))
+    try:
+        response: Response | StreamRelay = await answer(exchange, request, receive)
+    except GatewayError as exc:
+        runtime.error_returned(exc)
+        exchange.fail(exc.code or exc.type)
+        response = door.error_response(exc)
+    except ClientDisconnect:  # gone while still sending its body: nobody to answer
+        exchange.settle()
+        return
+    except asyncio.CancelledError:
+        exchange.settle()
+        if exchange.absorb_cancel():  # gone while waiting for the upstream: its connection is cut
+            return
+        raise
+    except Exception:
+        log.exception("unhandled error on POST %s", scope["path"])
+        exchange.fail("internal_error")
+        response = door.error_response(InternalError())
+    if not isinstance(response, StreamRelay):
+        exchange.settle()  # before the answer goes out: whoever reads spend next sees this request
+    try:
+        await response(scope, receive, send)
+    finally:
+        exchange.settle()  # a stream settles at its end; this is a no-op then
+
+
+async def answer(exchange: Exchange, request: Request, receive: Receive) -> Response | StreamRelay:
+    runtime, policy = exchange.runtime, exchange.policy
+    exchange.key = runtime.authenticate(policy, request.headers)
+    body = await read_body(request, policy.max_body_bytes)
+    exchange.watch_client(receive)
+    client = exchange.client = exchange.door.parse(body, policy, policy.tuning.chars_per_token)
+    authorize_route(exchange.key, client.route.name)
+    observation = exchange.observation = Observation(
+        request_id=exchange.request_id,
+        route=client.route.name,
+        endpoint=exchange.door.name,
+        stream=client.stream,
+        started_at=exchange.started_at,
+        prompt_chars=client.prompt_chars,
+        max_tokens=client.max_tokens,
+        api_key_name=None if exchange.key is None else exchange.key.name,
+    )
+    decision = exchange.decision = runtime.decide(
+        policy, client.route, client.prompt_tokens, client.max_tokens, client.stream
+    )
+    observation.decision_reason = decision.reason
+    observation.expected_cost_usd = decision.expected_cost_usd
+    if not decision.order:
+        if not worth_waiting(decision):
+            raise NoRouteAvailable(
+                f"route '{client.route.name}' has no backend to take this request: {decision.reason}"
+            )
+        await runtime.wait_for_candidate(exchange)  # every candidate full or rate-limited: wait
+    order = exchange.order = await runtime.admit(exchange)
+    return await attempt_in_order(exchange, client, observation, order)
+
+
+async def attempt_in_order(
+    exchange: Exchange, client: ClientRequest, observation: Observation, order: tuple[str, ...]
+) -> Response | StreamRelay:
+    """Try each chosen backend until one answers; fall back only while no byte reached the client."""
+    runtime = exchange.runtime
+    deadline = exchange.started_at + client.route.fallback.deadline_s
+    failure: AttemptFailure | None = None
+    for name in order[: client.route.fallback.max_attempts]:
+        remaining = deadline - runtime.clock()
+        if remaining <= 0:
+            break
+        if observation.attempts and not runtime.allows(name):
+            continue
+        backend = exchange.policy.backends[name]
+        if failure is not None:  # the answer will say it came from a fallback, and why
+            observation.decision_reason = f"fallback_after_{failure.kind}"
+        attempt = exchange.begin_attempt(name)
+        path, body = exchange.door.upstream_path, upstream_body(client, backend.model)
+        try:
+            if client.stream:
+                wait_s = min(backend.timeouts.first_byte_s, remaining)
+                return await open_stream(exchange, attempt, UpstreamCall(backend, path, body, True, wait_s))
+            wait_s = min(backend.timeouts.answer_s, remaining)
+            return await complete_once(exchange, attempt, UpstreamCall(backend, path, body, False, wait_s))
+        except AttemptFailure as exc:
+            failure = exc
+            attempt.status = "timeout" if exc.kind == "timeout" else "upstream_error"
+            attempt.error, attempt.http_status = exc.message, exc.http_status
+            exchange.end_attempt()
+            log.warning(
+                "upstream %s failed: %s (status %s, request %s)",
+                name,
+                exc.kind,
+                exc.http_status,
+                exchange.request_id,
+            )
+            if exc.client_fault is not None:
+                exchange.fail("upstream_rejected_request")
+                raise exc.client_fault from None
+            if exc.http_status == 429:
+                runtime.rate_limited(name, exc.retry_after)
+    if failure is not None and failure.http_status == 429:
+        # Backpressure: wait for a free candidate within the route's bound (else 429, never 502).
+        order = await runtime.wait_for_candidate(exchange)
+        return await attempt_in_order(exchange, client, observation, order)
+    exchange.fail("upstream_failed")
+    raise final_error(failure, len(observation.attempts))
+
+
+async def open_stream(exchange: Exchange, attempt: Attempt, call: UpstreamCall) -> StreamRelay:
+    """Open the upstream stream and wait for its first event: until then a failure can still fall back."""
+    upstream = await exchange.open(call)
+    client = exchange.client
+    assert client is not None
+    meter = StreamMeter(
+        attempt,
+        client_wants_usage=client.wants_usage,
+        prompt_tokens=client.prompt_tokens,
+        transcript=transcript_for(exchange),
+    )
+    chunks = upstream.chunks()
+    first = await first_events(chunks, meter, call, exchange.runtime.clock)
+    upstream.expect_chunks_within(call.backend.timeouts.idle_s)
+    headers = response_headers(exchange, "text/event-stream")
+    translator = exchange.door.stream_translator(exchange)
+    if translator is not None:
+        first = translator.translate(first)
+    return StreamRelay(
+        exchange, chunks, headers=headers, first=first, meter=meter, attempt=attempt, translator=translator
+    )
+
+
+async def complete_once(exchange: Exchange, attempt: Attempt, call: UpstreamCall) -> Response:
+    # A whole answer's headers come only once it is complete, so its wait is the answer's, not a token's.
+    runtime, client, observation = exchange.runtime, exchange.client, exchange.observation
+    assert client is not None and observation is not None
+    upstream = await exchange.open(call)
+    raw = await upstream.read(
+        max(exchange.started_at + client.route.fallback.deadline_s - runtime.clock(), 1.0)
+    )
+    attempt.finished_at = runtime.clock()
+    attempt.usage, decode_s = read_completion(
+        raw, client.prompt_tokens, exchange.policy.tuning.chars_per_token
+    )
+    duration = attempt.finished_at - attempt.started_at
+    if decode_s is not None:  # llama.cpp says how long decoding took: the rest was waiting for token one
+        attempt.decode_s = min(decode_s, duration)
+        attempt.ttft_s = duration - attempt.decode_s
+    else:  # the backend's usual first-token wait, measured on its streams, was not decoding
+        usual_ttft = runtime.stats.view(call.backend.name).ttft_p50_s or 0.0
+        attempt.decode_s = duration - usual_ttft if usual_ttft < duration else duration
+    exchange.end_attempt()
+    if observation.cost_usd is not None:  # the answer's usage says what it cost, as OpenRouter's do
+        raw = insert_usage_cost(raw, observation.cost_usd, observation.cost_basis)
+    reply = Response(exchange.door.render_answer(raw, exchange))
+    reply.raw_headers = [*reply.raw_headers, *response_headers(exchange, "application/json")]
+    return reply
+
+
+async def read_body(request: Request, limit: int) -> bytes:
+    declared = request.headers.get("content-length")
+    if declared is not None and declared.isdigit() and int(declared) > limit:
+        raise BodyTooLarge(f"request body is {int(declared)} bytes; the limit is {limit}")
+    chunks: list[bytes] = []
+    size = 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > limit:
+            raise BodyTooLarge(f"request body exceeds the limit of {limit} bytes")
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+def upstream_body(client: ClientRequest, model: str) -> bytes:
+    """The client's body with the backend's model name; streams always ask for usage (stripped again
+    by the relay when the client did not ask), so every streamed token is accounted for."""
+    payload: dict[str, Any] = dict(client.payload)
+    payload["model"] = model
+    if client.stream:
+        payload["stream_options"] = {**(client.payload.get("stream_options") or {}), "include_usage": True}
+    return orjson.dumps(payload)
+
+
+def response_headers(exchange: Exchange, content_type: str) -> list[tuple[bytes, bytes]]:
+    observation = exchange.observation
+    assert observation is not None
+    headers = [
+        (b"content-type", content_type.encode()),
+        (b"x-request-id", observation.request_id.encode()),
+        (b"x-gateway-route", observation.route.encode()),
+        (b"x-gateway-backend", (observation.backend or "").encode()),
+        (b"x-gateway-upstream-model", exchange.policy.backends[observation.backend or ""].model.encode()),
+        (b"x-gateway-decision", (observation.decision_reason or "").encode()),
+        (b"x-gateway-attempts", str(len(observation.attempts)).encode()),
+    ]
+    if observation.queued_s > 0:
+        headers.append((b"x-gateway-queued-s", f"{observation.queued_s:.3f}".encode()))
+    # Settled cost when known (non-streaming); before a stream ends, the decision's estimate.
+    settled = observation.cost_usd is not None
+    cost = observation.cost_usd if settled else observation.expected_cost_usd
+    if cost is not None:
+        basis = observation.cost_basis if settled else "expected"
+        headers += [
+            (b"x-gateway-cost-usd", f"{cost:.8f}".encode()),
+            (b"x-gateway-cost-basis", (basis or "").encode()),
+        ]
+    if content_type == "text/event-stream":
+        headers += [(b"cache-control", b"no-cache"), (b"x-accel-buffering", b"no")]
+    return headers
+
+
+def final_error(failure: AttemptFailure | None, attempts: int) -> GatewayError:
+    if failure is None:
+        return UpstreamTimeout("the route's deadline passed before any backend could be tried")
+    tried = f"{attempts} attempt{'s' if attempts != 1 else ''}"
+    if failure.kind == "timeout":
+        return UpstreamTimeout(f"no backend answered in time ({tried}; last: {failure.message})")
+    return UpstreamError(
+        f"every backend failed ({tried}; last: {failure.message})", retry_after=failure.retry_after
+    )
+
+
+def request_id(headers: Headers, runtime: Runtime) -> str:
+    """The client's ``x-request-id`` when it looks like one, so logs can be joined; else a new one."""
+    given = headers.get("x-request-id", "")
+    if 0 < len(given) <= 64 and given.replace("-", "").replace("_", "").isalnum():
+        return given
+    return runtime.new_request_id()

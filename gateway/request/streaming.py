@@ -1,0 +1,342 @@
+"""The SSE relay: passes upstream bytes on as they arrive and measures them on the way.
+
+Events are forwarded untouched; the only one ever held back is the usage-only chunk the gateway
+asked for itself (``stream_options.include_usage``) when the client did not. Each event is parsed once,
+only to see whether it carries reasoning, an answer, usage or the end of the stream.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator, Awaitable, Callable, MutableMapping
+from typing import TYPE_CHECKING, Any
+
+import orjson
+
+from gateway.backends import UpstreamCall
+from gateway.errors import AttemptFailure, error_bytes
+from gateway.request.dialect import REASONING_FIELDS, counted_usage, insert_usage_cost, usage_from
+from gateway.request.observation import Attempt, Usage
+from gateway.request.resume import resume_stream
+
+if TYPE_CHECKING:
+    from gateway.doors import StreamTranslator
+    from gateway.request.exchange import Exchange
+    from gateway.request.resume import Transcript
+
+DRAIN_TIMEOUT_S = 1.0
+Clock = Callable[[], float]
+Send = Callable[[dict[str, Any]], Awaitable[None]]
+Receive = Callable[[], Awaitable[MutableMapping[str, Any]]]
+
+
+class StreamMeter:
+    """Splits a byte stream into SSE events, notes first-token times, counts chunks, keeps usage."""
+
+    __slots__ = (
+        "_attempt",
+        "_client_wants_usage",
+        "_prompt_tokens",
+        "_sep",
+        "_tail",
+        "answer_chunks",
+        "done",
+        "final_usage",
+        "reasoning_chunks",
+        "transcript",
+        "upstream_error",
+        "usage_obj",
+    )
+
+    def __init__(
+        self,
+        attempt: Attempt,
+        *,
+        client_wants_usage: bool,
+        prompt_tokens: int,
+        transcript: Transcript | None = None,
+    ) -> None:
+        self._attempt = attempt
+        # What the client has been sent, kept only where a cut stream may be resumed elsewhere.
+        self.transcript = transcript
+        self._client_wants_usage = client_wants_usage
+        self._prompt_tokens = prompt_tokens  # the gateway's estimate, for usage nobody reported
+        self._sep = b""
+        self._tail = b""
+        self.answer_chunks = 0
+        self.reasoning_chunks = 0
+        self.usage_obj: Any = None
+        self.done = False
+        self.final_usage = False  # the usage-only chunk for the client went by: it gets the cost
+        self.upstream_error: Any = None
+
+    def saw_done(self) -> bool:
+        """Whether ``data: [DONE]`` went by: the stream is complete for the client."""
+        return self.done
+
+    def feed(self, data: bytes, now: float) -> bytes:
+        """Take bytes from the network; return the complete events to forward now."""
+        buf = self._tail + data if self._tail else data
+        if not self._sep:
+            # sse-starlette (llama-cpp-python) ends lines with CRLF, vLLM and llama-server with LF.
+            self._sep = b"\r\n\r\n" if b"\r\n" in buf else b"\n\n"
+        sep = self._sep
+        cut = buf.rfind(sep)
+        if cut < 0:
+            self._tail = buf
+            return b""
+        cut += len(sep)
+        complete, self._tail = buf[:cut], buf[cut:]
+        events = complete.split(sep)
+        events.pop()  # the empty remainder after the last separator
+        dropped = False
+        kept: list[bytes] = []
+        for event in events:
+            if self._inspect(event, now):
+                kept.append(event)
+            else:
+                dropped = True
+        if not dropped:
+            return complete
+        return b"".join(event + sep for event in kept)
+
+    def _inspect(self, event: bytes, now: float) -> bool:
+        """Measure one event; False means the client must not see it."""
+        payload = _data_of(event)
+        if payload is None:
+            return True
+        if payload == b"[DONE]":
+            self.done = True
+            return True
+        try:
+            obj = orjson.loads(payload)
+        except orjson.JSONDecodeError:
+            return True
+        if not isinstance(obj, dict):
+            return True
+        usage = obj.get("usage")
+        if usage:
+            self.usage_obj = usage  # cumulative when sent on every frame: keep the latest, never add
+        transcript = self.transcript
+        if transcript is not None and transcript.stream_id is None:
+            transcript.started(obj)
+        choices = obj.get("choices")
+        if not choices:
+            if "error" in obj:
+                self.upstream_error = obj["error"]
+                # Where the stream may be resumed, the client sees the resumed answer or our own error.
+                return transcript is None
+            if usage and self._client_wants_usage:
+                self.final_usage = True
+                return True
+            return not usage
+        for choice in choices:
+            self._inspect_choice(choice, now)
+        return True
+
+    def _inspect_choice(self, choice: Any, now: float) -> None:
+        if not isinstance(choice, dict):
+            return
+        delta = choice.get("delta")
+        if isinstance(delta, dict):
+            content = delta.get("content")
+            if content or delta.get("tool_calls"):
+                self._answer(now)
+                if self.transcript is not None:
+                    self.transcript.answered(content, delta.get("tool_calls"))
+                return
+            for field in REASONING_FIELDS:
+                text = delta.get(field)
+                if text:
+                    self._reasoning(now)
+                    if self.transcript is not None:
+                        self.transcript.reasoned(text)
+                    return
+        elif choice.get("text"):  # /v1/completions
+            self._answer(now)
+
+    def _answer(self, now: float) -> None:
+        self.answer_chunks += 1
+        attempt = self._attempt
+        if attempt.first_answer_s is None:
+            attempt.first_answer_s = now - attempt.started_at
+            if attempt.ttft_s is None:
+                attempt.ttft_s = attempt.first_answer_s
+
+    def _reasoning(self, now: float) -> None:
+        self.reasoning_chunks += 1
+        if self._attempt.ttft_s is None:
+            self._attempt.ttft_s = now - self._attempt.started_at
+
+    def usage_so_far(self) -> Usage:
+        """The upstream's usage figure when it gave one, else the gateway's count."""
+        usage = usage_from(self.usage_obj, self.reasoning_chunks)
+        if usage is None:
+            chunks = self.answer_chunks + self.reasoning_chunks
+            usage = counted_usage(self._prompt_tokens, chunks, self.reasoning_chunks)
+        return usage
+
+    def finish(self, now: float) -> None:
+        """Settle the attempt's usage and end time."""
+        attempt = self._attempt
+        attempt.finished_at = now
+        attempt.token_chunks = self.answer_chunks + self.reasoning_chunks
+        attempt.usage = self.usage_so_far()
+
+
+def _data_of(event: bytes) -> bytes | None:
+    if event.startswith(b"data:"):
+        line = event[5:]
+        newline = line.find(b"\n")
+        if newline >= 0:  # a multi-line event: only the data line matters
+            line = line[:newline]
+        return line.strip()
+    for line in event.splitlines():
+        if line.startswith(b"data:"):
+            return line[5:].strip()
+    return None
+
+
+async def first_events(
+    chunks: AsyncIterator[bytes], meter: StreamMeter, call: UpstreamCall, clock: Clock
+) -> bytes:
+    """Read a new stream until its first complete event: until then a failure can still go elsewhere."""
+    first = b""
+    try:
+        async with asyncio.timeout(call.wait_s):
+            while not first:
+                data = await anext(chunks, None)
+                if data is None:
+                    raise AttemptFailure(
+                        "dropped", f"{call.backend.name}: stream ended before its first event"
+                    )
+                first = meter.feed(data, clock())
+    except TimeoutError:
+        raise AttemptFailure("timeout", f"{call.backend.name}: no first token in {call.wait_s:g}s") from None
+    return first
+
+
+def error_event(message: str, code: str) -> bytes:
+    return b"data: " + error_bytes(message, "upstream_error", code) + b"\n\n"
+
+
+class StreamRelay:
+    """An ASGI response that relays an open upstream stream; its end settles the exchange. A stream
+    that breaks off may go on from another backend (``gateway.request.resume``) when its route allows."""
+
+    __slots__ = (
+        "_attempt",
+        "_chunks",
+        "_exchange",
+        "_first",
+        "_headers",
+        "_meter",
+        "_rewrite",
+        "_translator",
+    )
+
+    def __init__(
+        self,
+        exchange: Exchange,
+        chunks: AsyncIterator[bytes],
+        *,
+        headers: list[tuple[bytes, bytes]],
+        first: bytes,
+        meter: StreamMeter,
+        attempt: Attempt,
+        translator: StreamTranslator | None = None,
+    ) -> None:
+        self._exchange = exchange
+        self._chunks = chunks
+        self._headers = headers
+        self._first = first
+        self._meter = meter
+        self._attempt = attempt
+        self._translator = translator  # the client's door speaks another dialect
+        self._rewrite: Callable[[bytes], bytes] | None = None  # a continuation's events, made seamless
+
+    async def __call__(self, scope: Any, receive: Receive, send: Send) -> None:
+        exchange = self._exchange
+        try:
+            await send({"type": "http.response.start", "status": 200, "headers": self._headers})
+            await send({"type": "http.response.body", "body": self._first, "more_body": True})
+            await self._relay(send)
+        except asyncio.CancelledError:
+            if not exchange.absorb_cancel():
+                raise
+            self._attempt.status = "cancelled"  # the client went away: a normal end, not an error
+        finally:
+            if self._attempt.finished_at is None:
+                self._meter.finish(exchange.runtime.clock())
+            exchange.settle()  # closes the upstream: reused when read to its end, else cut
+
+    async def _relay(self, send: Send) -> None:
+        while True:
+            failure = await self._pump(send)
+            if failure is None:
+                break
+            self._attempt.status = "timeout" if failure.kind == "timeout" else "dropped"
+            self._attempt.error = failure.message
+            resumed = None
+            if self._meter.transcript is not None:
+                resumed = await resume_stream(self._exchange, self._meter, failure)
+            if resumed is None:
+                code = "upstream_timeout" if failure.kind == "timeout" else "upstream_stream_broken"
+                translator = self._translator
+                event = (
+                    error_event(failure.message, code)
+                    if translator is None
+                    else translator.error(failure.message, code)
+                )
+                await send({"type": "http.response.body", "body": event, "more_body": True})
+                break
+            self._chunks, self._meter, self._attempt = resumed.chunks, resumed.meter, resumed.attempt
+            self._rewrite = resumed.rewrite
+            await self._send_events(send, resumed.first, rewritten=True)
+        # The client has everything once [DONE] is out (SDKs hang up then): settle and end the response
+        # before waiting for the upstream to close, so that hang-up is not taken for a cancellation.
+        meter = self._meter
+        if self._attempt.finished_at is None:
+            meter.finish(self._exchange.runtime.clock())
+        self._exchange.response_ended = True
+        await send({"type": "http.response.body", "body": b"", "more_body": False})
+        if meter.done:
+            await self._drain()
+
+    async def _pump(self, send: Send) -> AttemptFailure | None:
+        """Relay the current upstream to its [DONE]; the failure that ended it early, if one did."""
+        meter, clock = self._meter, self._exchange.runtime.clock
+        try:
+            if not meter.saw_done():  # a short stream may have ended within its very first read
+                async for data in self._chunks:
+                    out = meter.feed(data, clock())
+                    if meter.final_usage:  # once per stream: the usage the client asked for, priced
+                        meter.final_usage = False
+                        usage = meter.usage_so_far()
+                        cost, basis = self._exchange.runtime.cost_so_far(self._exchange, self._attempt, usage)
+                        out = insert_usage_cost(out, cost, basis)
+                    if out:
+                        await self._send_events(send, out)
+                    if meter.saw_done():
+                        break
+            if not meter.saw_done():
+                raise AttemptFailure("dropped", "upstream closed the stream before it finished")
+        except AttemptFailure as failure:
+            return failure
+        return None
+
+    async def _send_events(self, send: Send, out: bytes, *, rewritten: bool = False) -> None:
+        if self._rewrite is not None and not rewritten:
+            out = self._rewrite(out)
+        if self._translator is not None:
+            out = self._translator.translate(out)
+        if out:
+            await send({"type": "http.response.body", "body": out, "more_body": True})
+
+    async def _drain(self) -> None:
+        """Read the upstream to its end (usually just the chunked terminator) so its connection is reused."""
+        with contextlib.suppress(AttemptFailure, TimeoutError):
+            async with asyncio.timeout(DRAIN_TIMEOUT_S):
+                async for _ in self._chunks:
+                    pass
