@@ -65,6 +65,8 @@ class Fleet:
             "o": [_encode(attempt, route, now) for attempt, route in self._outbox],
             "f": {name: n for name in backends if (n := self._stats.local_inflight(name))},
             "c": self._circuit_events(backends, now),
+            # Upstream rate limits: a backend paused here (its 429's Retry-After) is paused fleet-wide.
+            "p": {name: left for name in backends if (left := self._stats.paused_for(name)) > 0},
         }
         self._outbox.clear()
         for message in await self._store.exchange(orjson.dumps(payload)):
@@ -103,6 +105,9 @@ class Fleet:
         if message.age_s <= 3 * self._interval_s:
             inflight = {str(k): int(v) for k, v in body.get("f", {}).items()}
             self._remote[message.replica] = (now, inflight)
+        for name, left_s in body.get("p", {}).items():
+            if name in policy.backends and float(left_s) - message.age_s > 0:
+                self._stats.pause(name, now + float(left_s) - message.age_s)
         for name, state, cooldown_s, left_s in body.get("c", ()):
             if name not in policy.backends or state not in ("open", "closed"):
                 continue

@@ -5,6 +5,7 @@ changes what the others decide."""
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import time
 from collections import Counter
 from collections.abc import Iterator
@@ -212,3 +213,33 @@ def test_a_circuit_opened_by_one_replica_is_open_on_the_others(fleet: Fleet, ups
     for replica in others:
         eventually(lambda replica=replica: circuit(replica) != "closed")
         assert not ledger_rows(replica.ledger, "route = 'llamacpp-only'"), "it never called the backend"
+
+
+def test_an_upstream_rate_limit_met_by_one_replica_pauses_the_backend_on_the_others(
+    fleet: Fleet, upstreams: Upstreams
+) -> None:
+    limiter, others = fleet.replicas[0], fleet.replicas[1:]
+
+    def paused(replica: Replica) -> bool:
+        return replica.get("/admin/backends").json()["backends"]["paid-api"]["paused_until"] is not None
+
+    httpx.post(upstreams.paid.url + "/emulator/faults", json={"rate_limit_rpm": 1}).raise_for_status()
+    try:
+        with concurrent.futures.ThreadPoolExecutor(2) as pool:
+            # The second request meets the 429: its replica pauses the API until Retry-After and waits.
+            answers = [
+                pool.submit(
+                    httpx.post,
+                    limiter.url + "/v1/chat/completions",
+                    json={"model": "paid-only", "messages": HELLO, "max_tokens": 16},
+                    headers={"authorization": f"Bearer {ADMIN_KEY}"},
+                    timeout=30,
+                )
+                for _ in range(2)
+            ]
+            for replica in others:
+                eventually(lambda replica=replica: paused(replica), timeout=10, interval=0.02)
+            statuses = sorted(answer.result().status_code for answer in answers)
+    finally:
+        httpx.delete(upstreams.paid.url + "/emulator/faults")
+    assert statuses in ([200, 200], [200, 429]), "a rate limit is never a 502"
