@@ -1,7 +1,8 @@
 """Synthetic probes: one short prompt with ``max_tokens: 1`` that keeps a backend's TTFT and health
 measured while routing avoids it, so the gateway learns without spending users' requests and notices
 a recovery. Probed: every healthy backend once at start-up (and when a reload adds one or it comes
-back up), and any candidate of a route with an SLO that had no sample for ``tuning.probes.interval_s``;
+back up), any candidate of a route with an SLO that had no sample for ``tuning.probes.interval_s``,
+and a backend whose circuit is open at its scrape interval (a success closes the circuit);
 a pool only while it has headroom, a paid API only within the probe budget. Probes are counted apart
 (stats, metrics, and the ledger's ``probes`` table: billed to no route and no key).
 """
@@ -94,12 +95,20 @@ class Prober:
             if name in self._down:  # back up: measure it before users meet it
                 self._down.discard(name)
                 self._pending.add(name)
-            if name in self._inflight or view.paused_until is not None or not view.accepts_requests:
+            if name in self._inflight or view.paused_until is not None:
                 continue
-            stale = view.last_sample_at is None or now - view.last_sample_at >= settings.interval_s
-            # A backend with requests in flight is being measured by them: only an avoided one is probed.
-            avoided = stale and view.inflight == 0
-            due = name in self._pending or (name in watched and avoided)
+            if view.circuit == "open":
+                # Re-checked at the scrape interval, not on the circuit's growing cool-down: a probe
+                # that succeeds closes it (LiveStats.probe_finished).
+                last = view.last_probe_at
+                due = last is None or now - last >= backend.signals.interval_s
+            elif not view.accepts_requests:
+                continue
+            else:
+                stale = view.last_sample_at is None or now - view.last_sample_at >= settings.interval_s
+                # A backend with requests in flight is measured by them: only an avoided one is probed.
+                avoided = stale and view.inflight == 0
+                due = name in self._pending or (name in watched and avoided)
             if due and self._affordable(policy, backend, view, now):
                 self._pending.discard(name)
                 task = asyncio.get_running_loop().create_task(self._probe(backend), name=f"probe:{name}")

@@ -442,13 +442,22 @@ class LiveStats:
     def probe_finished(
         self, ticket: AttemptTicket, attempt: Attempt, recovery_probes: int, ratio: float
     ) -> None:
-        """A synthetic probe ended. After ``recovery_probes`` in a row faster than ``ratio`` times the
-        measured median TTFT, the samples from before them (a slow spell, now over) stop counting."""
+        """A synthetic probe ended. One that succeeds closes an open circuit. After ``recovery_probes``
+        in a row faster than ``ratio`` times the measured median TTFT, the samples from before them
+        (a slow spell, now over) stop counting."""
         stats = self._stats(ticket.backend)
+        before = stats.ttft.quantiles(0.5)  # the backend as known before this probe
         stats.integrate(self.clock())
         stats.probing = max(0, stats.probing - 1)
         self.attempt_finished(ticket, attempt, "")
-        median = stats.quantiles[0]
+        breaker = stats.breaker
+        half_open_at = breaker.half_open_at
+        # Sent after the circuit opened, and answered: the backend is back, let traffic through. (A
+        # probe sent before the failures began says nothing about now.)
+        if attempt.status == "ok" and half_open_at is not None:
+            if ticket.started_at >= half_open_at - breaker.cooldown_s:
+                breaker.health_reported(True, recovered=True)
+        median = None if before is None else before[0]
         ttft = attempt.ttft_s
         if attempt.status != "ok" or ttft is None or median is None or ttft > median * ratio:
             stats.recovering_since, stats.fast_probes = None, 0
