@@ -454,9 +454,9 @@ class LiveStats:
         half_open_at = breaker.half_open_at
         # Sent after the circuit opened, and answered: the backend is back, let traffic through. (A
         # probe sent before the failures began says nothing about now.)
-        if attempt.status == "ok" and half_open_at is not None:
-            if ticket.started_at >= half_open_at - breaker.cooldown_s:
-                breaker.health_reported(True, recovered=True)
+        opened_at = None if half_open_at is None else half_open_at - breaker.cooldown_s
+        if attempt.status == "ok" and opened_at is not None and ticket.started_at >= opened_at:
+            breaker.health_reported(True, recovered=True)
         median = None if before is None else before[0]
         ttft = attempt.ttft_s
         if attempt.status != "ok" or ttft is None or median is None or ttft > median * ratio:
