@@ -1,4 +1,4 @@
-"""The ``gateway`` command: serve, check, emulate, demo.
+"""The ``gateway`` command: serve, check, emulate, demo, spend, keys, simulate.
 
 Each subcommand is a small function; imports of heavy parts happen inside them so that
 ``gateway check`` or ``gateway emulate`` never load what they do not use.
@@ -110,6 +110,24 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--time-scale", type=float, default=1.0, help="emulator speed (0.1 = ten times faster)")
     demo.add_argument("--real", action="store_true", help="also serve a real model (Gemma 3 270M, llama.cpp)")
     demo.set_defaults(func=cmd_demo)
+
+    simulate = sub.add_parser(
+        "simulate",
+        help="replay a workload through policies and baselines in virtual time; report cost and SLO",
+    )
+    simulate.add_argument("--policy", action="append", required=True, help="a policy YAML; repeat to compare")
+    simulate.add_argument("--workload", required=True, help="a workload YAML/JSON file, or ledger:PATH")
+    simulate.add_argument(
+        "--baseline", action="append", default=[], help="a baseline to compare with (repeat), or 'all'"
+    )
+    simulate.add_argument(
+        "--since", default="24h", help="with ledger:PATH, the window to replay (24h, a date)"
+    )
+    simulate.add_argument("--out", default="var/simulate", help="directory for report.json and the plots")
+    simulate.add_argument("--seed", type=int, default=0, help="seed of the decisions and backend timings")
+    simulate.add_argument("--no-plots", action="store_true", help="skip the PNG plots")
+    simulate.add_argument("--quiet", action="store_true", help="no progress bar")
+    simulate.set_defaults(func=cmd_simulate)
     return parser
 
 
@@ -171,6 +189,12 @@ def cmd_demo(args: argparse.Namespace) -> int:
     return run_demo(
         policy, port=args.port, time_scale=args.time_scale, log_level=args.log_level, real=args.real
     )
+
+
+def cmd_simulate(args: argparse.Namespace) -> int:
+    from gateway.simulate.command import simulate_main
+
+    return simulate_main(args)
 
 
 if __name__ == "__main__":

@@ -278,3 +278,24 @@ def spend_buckets(
 def earliest_time(conn: sqlite3.Connection) -> float | None:
     row = conn.execute("SELECT min(time) FROM requests").fetchone()
     return None if row is None or row[0] is None else float(row[0])
+
+
+class ReplayRow(NamedTuple):
+    """What a replay of past traffic needs from one ledger row."""
+
+    time: float
+    route: str
+    stream: bool
+    prompt_tokens: int
+    completion_tokens: int
+    reasoning_tokens: int
+    status: str
+
+
+def replay_rows(conn: sqlite3.Connection, since: float) -> list[ReplayRow]:
+    """Rows that started at or after ``since``, oldest first (``gateway simulate --workload ledger:``)."""
+    query = (
+        "SELECT time, route, stream, prompt_tokens, completion_tokens, reasoning_tokens, status"
+        " FROM requests WHERE time >= ? ORDER BY time"
+    )
+    return [ReplayRow(t, r, bool(s), p, c, rs, st) for t, r, s, p, c, rs, st in conn.execute(query, (since,))]
