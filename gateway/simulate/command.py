@@ -55,28 +55,28 @@ def simulate_main(args: argparse.Namespace) -> int:
 
     # Piped into a file or a CI log, rich would wrap at 80 columns: give the table room instead.
     console = Console() if sys.stdout.isatty() else Console(width=200)
-    errors = Console(stderr=True)
+    progress_console = Console(stderr=True)
     try:
         policies = [(_policy_name(path, args.policy), load_policy(path)) for path in args.policy]
         workload = load_workload(args.workload, args.since)
         runs = routers_for(policies, args.baseline)
     except (PolicyError, WorkloadError, ValueError) as exc:
-        errors.print(f"gateway simulate: {exc}", markup=False, highlight=False)
+        print(f"gateway simulate: {exc}", file=sys.stderr)
         return 2
-    errors.print(
+    print(
         f"simulating {len(workload.requests):,} requests over {workload.duration_s / 3600:.2f} h"
         f" ({workload.name}) with {len(runs)} policies and baselines",
-        highlight=False,
+        file=sys.stderr,
     )
     results: list[tuple[RunResult, float, str]] = []
     for router, policy in runs:
         kind = "policy" if isinstance(router, PolicyRouter) else "baseline"
         try:
             result, cpu_s = run_one(
-                router, policy, workload, args.seed, show_progress=not args.quiet, console=errors
+                router, policy, workload, args.seed, show_progress=not args.quiet, console=progress_console
             )
         except (WorkloadError, ValueError) as exc:
-            errors.print(f"gateway simulate: {router.name}: {exc}", markup=False, highlight=False)
+            print(f"gateway simulate: {router.name}: {exc}", file=sys.stderr)
             return 2
         results.append((result, cpu_s, kind))
     report = [
@@ -101,8 +101,8 @@ def simulate_main(args: argparse.Namespace) -> int:
 
         written += write_plots(report, out, title)
     cpu = ", ".join(f"{r['name']} {r['cpu_s']:.1f}s" for r in report)
-    errors.print(f"CPU per run: {cpu}", highlight=False)
-    errors.print("wrote " + ", ".join(str(p) for p in written), highlight=False)
+    print(f"CPU seconds per run: {cpu}", file=sys.stderr)
+    print("wrote " + ", ".join(str(p) for p in written), file=sys.stderr)
     return 0
 
 
