@@ -22,14 +22,18 @@ def _pyplot() -> Any:
 def cost_vs_slo(summaries: Sequence[dict[str, Any]], path: Path, title: str) -> Path:
     plt = _pyplot()
     fig, ax = plt.subplots(figsize=(8, 5), dpi=110)
+    # Runs that land on the same point (lowest price = all to the API) share one label.
+    points: dict[tuple[float, float], list[dict[str, Any]]] = {}
     for s in summaries:
-        if s["slo_attainment"] is None:
-            continue
-        policy = s.get("kind") == "policy"
-        x, y = 100 * s["slo_attainment"], s["total_cost_usd"]
-        ax.scatter([x], [y], s=70 if policy else 40, marker="*" if policy else "o",
+        if s["slo_attainment"] is not None:
+            key = (round(100 * s["slo_attainment"], 2), round(s["total_cost_usd"], 2))
+            points.setdefault(key, []).append(s)
+    for (x, y), runs in points.items():
+        policy = any(r.get("kind") == "policy" for r in runs)
+        ax.scatter([x], [y], s=90 if policy else 40, marker="*" if policy else "o",
                    color="tab:red" if policy else "tab:blue", zorder=3)  # fmt: skip
-        ax.annotate(s["name"], (x, y), textcoords="offset points", xytext=(6, 4), fontsize=8)
+        label = " = ".join(r["name"] for r in runs)
+        ax.annotate(label, (x, y), textcoords="offset points", xytext=(6, 4), fontsize=8)
     ax.set_xlabel("SLO attainment (% of requests within the route's SLO)")
     ax.set_ylabel("total cost, USD (pools by the hour + API tokens)")
     ax.set_title(title, fontsize=10)
@@ -58,8 +62,11 @@ def over_the_day(name: str, series: dict[str, Any], path: Path) -> Path:
     share_ax.set_ylim(0, 100)
     share_ax.set_title(f"{name}: backend share and TTFT over the simulated run", fontsize=10)
     ttft = [v if v is not None else float("nan") for v in series["ttft_p95_s"]]
-    ttft_ax.plot(hours, ttft, color="tab:purple", label="TTFT p95")
+    ttft_ax.plot(hours, ttft, color="tab:purple")
     ttft_ax.set_ylabel("TTFT p95, s")
+    rate_ax = ttft_ax.twinx()
+    rate_ax.plot(hours, [60.0 * t / width for t in totals] if totals else [], color="tab:gray", alpha=0.6)
+    rate_ax.set_ylabel("answers per minute", color="tab:gray")
     ttft_ax.set_xlabel("hours into the run")
     ttft_ax.grid(True, alpha=0.3)
     fig.tight_layout()

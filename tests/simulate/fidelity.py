@@ -27,7 +27,7 @@ from gateway.simulate.engine import PolicyRouter, RunResult, Simulation
 from gateway.simulate.report import quantile, summarize
 from gateway.simulate.workload import SimRequest, Workload, WorkloadFile, synthesize
 from tests.conftest import emulated_clock, running_gateway
-from tests.servers import threaded_server
+from tests.servers import ProcessServer, free_port, python_module, threaded_server, wait_http
 
 TIME_SCALE = float(os.environ.get("FIDELITY_TIME_SCALE", "0.5"))
 PAID_KEY = "fidelity-paid-key"
@@ -111,19 +111,33 @@ def workload(duration_s: float, seed: int = 11) -> Workload:
 
 
 @contextlib.contextmanager
-def emulators(time_scale: float) -> Iterator[dict[str, str]]:
+def emulators(time_scale: float, ports: list[int]) -> Iterator[None]:
+    """The three emulators with the comparison's profiles, on ``ports``, in this process."""
     os.environ["EMULATOR_API_KEY"] = PAID_KEY
     try:
         chosen = profiles()
         paid = create_emulator_app(chosen["paid-api"], time_scale=time_scale, seed=3)
     finally:
         del os.environ["EMULATOR_API_KEY"]
-    with (
-        threaded_server(create_emulator_app(chosen["b300-vllm"], time_scale=time_scale, seed=1)) as vllm,
-        threaded_server(create_emulator_app(chosen["a100-llamacpp"], time_scale=time_scale, seed=2)) as llama,
-        threaded_server(paid) as api,
-    ):
-        yield {"b300-vllm": vllm.url, "a100-llamacpp": llama.url, "paid-api": api.url}
+    vllm = create_emulator_app(chosen["b300-vllm"], time_scale=time_scale, seed=1)
+    llama = create_emulator_app(chosen["a100-llamacpp"], time_scale=time_scale, seed=2)
+    with threaded_server(vllm, ports[0]), threaded_server(llama, ports[1]), threaded_server(paid, ports[2]):
+        yield
+
+
+@contextlib.contextmanager
+def emulator_process(time_scale: float) -> Iterator[dict[str, str]]:
+    """The emulators in a process of their own, so they do not share the gateway's interpreter lock."""
+    ports = [free_port() for _ in range(3)]
+    command = python_module("tests.simulate.fidelity", "--serve", str(time_scale), *map(str, ports))
+    server = ProcessServer(command).start()
+    try:
+        urls = {name: f"http://127.0.0.1:{port}" for name, port in zip(OVERRIDES, ports, strict=True)}
+        for url in urls.values():
+            wait_http(url + "/health")
+        yield urls
+    finally:
+        server.stop()
 
 
 def prompt_of(index: int, tokens: int) -> str:
@@ -156,7 +170,7 @@ async def _send_all(base_url: str, requests: list[SimRequest], time_scale: float
 
 def through_gateway(work: Workload, tmp: Path, time_scale: float = TIME_SCALE) -> dict[str, Any]:
     os.environ["FIDELITY_PAID_KEY"] = PAID_KEY
-    with emulators(time_scale) as urls:
+    with emulator_process(time_scale) as urls:
         path = tmp / "gateway-policy.yaml"
         path.write_text(policy_text(urls, time_scale))
         options = {
@@ -197,6 +211,11 @@ def through_simulator(work: Workload, tmp: Path) -> dict[str, Any]:
 
 def main() -> None:
     import tempfile
+
+    if sys.argv[1:2] == ["--serve"]:
+        with emulators(float(sys.argv[2]), [int(p) for p in sys.argv[3:6]]):
+            while True:
+                time.sleep(3600)
 
     duration = float(sys.argv[1]) if len(sys.argv) > 1 else 120.0
     work = workload(duration)

@@ -16,6 +16,7 @@ pytestmark = pytest.mark.slow
 SHORT_RUN_S = 60.0  # emulated seconds: 30 s of real time at the time scale of the comparison
 
 
+@pytest.mark.timeout(300)
 def test_simulator_agrees_with_the_gateway_on_emulators(tmp_path: Path) -> None:
     work = workload(SHORT_RUN_S)
     real = through_gateway(work, tmp_path)
