@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, cast
 from gateway.costs import SECONDS_PER_HOUR, TOKENS_PER_MTOK
 from gateway.policy.compiled import CompiledBackend, CompiledPolicy, CompiledRoute
 from gateway.policy.decide import CandidateEval, Decision, Reason, RequestFeatures, decide
-from gateway.simulate.engine import PolicyRouter, Router
+from gateway.simulate.engine import Router
 
 if TYPE_CHECKING:
     from gateway.simulate.engine import Simulation
@@ -183,6 +183,3 @@ def make_router(name: str, policy: CompiledPolicy) -> Router:
     if name.startswith("all-to-") and name.removeprefix("all-to-") in policy.backends:
         return AllTo(name.removeprefix("all-to-"))
     raise ValueError(f"unknown baseline {name!r}; known: {', '.join(baseline_names(policy))}, all")
-
-
-__all__ = ["PolicyRouter", "baseline_names", "make_router"]

@@ -7,6 +7,7 @@ fallback until one answers -> stats, cost, settlement); only the network is repl
 
 from __future__ import annotations
 
+import itertools
 import random
 import zlib
 from collections.abc import Callable, Coroutine
@@ -114,6 +115,7 @@ class Simulation:
         self._health: dict[str, tuple[bool, bool]] = {}
         self._api_spend: dict[str, float] = {}
         self._end_of_run = False
+        self._request_ids = itertools.count()
 
     def wall(self) -> float:
         return self.start_wall + self.timeline.now
@@ -129,7 +131,7 @@ class Simulation:
             if signals.metrics_url or signals.slots_url or signals.health_url:
                 timeline.schedule(0.0, self._scrape, name, signals.interval_s)
         requests = self.workload.requests
-        steps = 100 if progress is not None else 1
+        steps = 100
         end = self.workload.duration_s
         for step in range(1, steps + 1):
             until = end * step / steps
@@ -166,7 +168,7 @@ class Simulation:
             self._record_unrouted(req, "model_not_found")
             return
         observation = Observation(
-            request_id=str(len(self.outcomes)),
+            request_id=str(next(self._request_ids)),
             route=route.name,
             endpoint="chat",
             stream=req.stream,

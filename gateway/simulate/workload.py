@@ -11,7 +11,7 @@ import calendar
 import math
 import random
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Annotated, Any, Literal, NamedTuple
 
@@ -217,7 +217,7 @@ def synthesize(spec: WorkloadFile) -> Workload:
     )
 
 
-def arrival_rate(arrivals: Arrivals, duration_s: float) -> Any:
+def arrival_rate(arrivals: Arrivals, duration_s: float) -> Callable[[float], float]:
     """Requests per second at ``t`` seconds into the run."""
     scale = arrivals.scale
     if arrivals.ramp is not None:
