@@ -29,7 +29,7 @@ from gateway.simulate.workload import SimRequest, Workload, WorkloadFile, synthe
 from tests.conftest import emulated_clock, running_gateway
 from tests.servers import ProcessServer, free_port, python_module, threaded_server, wait_http
 
-TIME_SCALE = float(os.environ.get("FIDELITY_TIME_SCALE", "0.5"))
+TIME_SCALE = float(os.environ.get("FIDELITY_TIME_SCALE", "0.25"))
 PAID_KEY = "fidelity-paid-key"
 SEATS = 8  # a small B300 pool, so a short ramp overloads it
 # Long answers from the emulators; each request's max_tokens sets its real length.
@@ -83,7 +83,7 @@ routes:
   kimi-k3:
     backends: [b300-vllm, paid-api, a100-llamacpp]
     slo: {{ttft_p95_ms: 3000, min_decode_tokens_per_s: 20}}
-    exploration: 0.05
+    exploration: 0
 """
 
 
