@@ -116,3 +116,13 @@ def test_a_missing_ledger_is_an_error(tmp_path: Path, capsys: pytest.CaptureFixt
                  "--workload", f"ledger:{tmp_path / 'none.sqlite3'}", "--quiet"])  # fmt: skip
     assert code == 2
     assert "no such file" in capsys.readouterr().err
+
+
+def test_the_bundled_day_is_a_hundred_thousand_requests_with_faults() -> None:
+    from gateway.simulate.workload import read_workload_file, synthesize
+
+    day = synthesize(read_workload_file(REPO / "bench/workloads/kimi-day.yaml"))
+    assert 90_000 < len(day.requests) < 110_000
+    assert day.duration_s == 86_400 and [f.kind for f in day.faults] == ["down", "slow"]
+    assert {r.route for r in day.requests} == {"kimi-k3", "kimi-k3-batch", "kimi-k3-fast"}
+    assert day.requests == synthesize(read_workload_file(REPO / "bench/workloads/kimi-day.yaml")).requests
