@@ -1,5 +1,5 @@
-"""The ``gateway`` command: serve, check, emulate, demo, keys, spend; ``--help`` on each shows its
-defaults and examples.
+"""The ``gateway`` command: serve, check, emulate, demo, keys, spend, ledger, simulate; ``--help`` on
+each shows its defaults and examples.
 
 Each subcommand is a small function; imports of heavy parts happen inside them so that
 ``gateway check`` or ``gateway emulate`` never load what they do not use.
@@ -240,6 +240,27 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--real", action="store_true", help="also serve a real model (Gemma 3 270M, llama.cpp)")
     demo.add_argument("--quiet", action="store_true", help="no line per request")
     demo.set_defaults(func=cmd_demo)
+
+    simulate = command(
+        "simulate",
+        "replay a workload through policies and baselines in virtual time; report cost and SLO",
+        "gateway simulate --policy policies/default.yaml --workload bench/workloads/kimi-day.yaml "
+        "--baseline all",
+        "gateway simulate --policy a.yaml --policy b.yaml --workload ledger:var/ledger.sqlite3 --since 24h",
+    )
+    simulate.add_argument("--policy", action="append", required=True, help="a policy YAML; repeat to compare")
+    simulate.add_argument("--workload", required=True, help="a workload YAML/JSON file, or ledger:PATH")
+    simulate.add_argument(
+        "--baseline", action="append", default=[], help="a baseline to compare with (repeat), or 'all'"
+    )
+    simulate.add_argument(
+        "--since", default="24h", help="with ledger:PATH, the window to replay (24h, a date)"
+    )
+    simulate.add_argument("--out", default="var/simulate", help="directory for report.json and the plots")
+    simulate.add_argument("--seed", type=int, default=0, help="seed of the decisions and backend timings")
+    simulate.add_argument("--no-plots", action="store_true", help="skip the PNG plots")
+    simulate.add_argument("--quiet", action="store_true", help="no progress bar")
+    simulate.set_defaults(func=cmd_simulate)
     return parser
 
 
@@ -315,6 +336,12 @@ def cmd_demo(args: argparse.Namespace) -> int:
         real=args.real,
         quiet=args.quiet,
     )
+
+
+def cmd_simulate(args: argparse.Namespace) -> int:
+    from gateway.simulate.command import simulate_main
+
+    return simulate_main(args)
 
 
 if __name__ == "__main__":

@@ -76,15 +76,21 @@ class ModelRenamer:
     the ``x-gateway-upstream-model`` header): one bytes replace per chunk, no parsing. An escaped quote
     inside generated text cannot match, so only the JSON field changes."""
 
-    __slots__ = ("_pairs",)
+    __slots__ = ("_new", "_old", "_pairs")
 
     def __init__(self, upstream: str, route: str) -> None:
         old, new = orjson.dumps(upstream), orjson.dumps(route)
         self._pairs = ((b'"model":' + old, b'"model":' + new), (b'"model": ' + old, b'"model": ' + new))
+        self._old = b""  # the spelling this upstream uses, learnt from its first chunk that has one
+        self._new = b""
 
     def translate(self, events: bytes) -> bytes:
+        if self._old:
+            return events.replace(self._old, self._new)
         for old, new in self._pairs:
-            events = events.replace(old, new)
+            if old in events:
+                self._old, self._new = old, new
+                return events.replace(old, new)
         return events
 
     def error(self, message: str, code: str) -> bytes:

@@ -21,7 +21,7 @@ from starlette.types import Receive, Scope, Send
 from gateway.emulator.exposition import metrics_text, slots_json
 from gateway.emulator.faults import Faults, FaultsError
 from gateway.emulator.parsing import Endpoint
-from gateway.emulator.profiles import PROFILES
+from gateway.emulator.profiles import Profile, resolve_profile
 from gateway.emulator.replies import SERVER_SEND_KEY
 from gateway.emulator.serving import Emulator, json_response
 
@@ -37,16 +37,14 @@ class _EmulatorApp(Starlette):
 
 
 def create_emulator_app(
-    profile: str,
+    profile: str | Profile,
     *,
     time_scale: float = 1.0,
     cold_boot: bool = False,
     seed: int = 0,
     clock: Callable[[], float] = time.monotonic,
 ) -> Starlette:
-    if profile not in PROFILES:
-        raise ValueError(f"unknown emulator profile {profile!r}; known: {', '.join(PROFILES)}")
-    chosen = PROFILES[profile]
+    chosen = resolve_profile(profile)
     emulator = Emulator(
         chosen,
         time_scale=time_scale,
@@ -82,7 +80,7 @@ def run_emulator(
 ) -> None:
     """Serve one emulated upstream until interrupted."""
     app = create_emulator_app(profile, time_scale=time_scale, cold_boot=cold_boot)
-    chosen = PROFILES[profile]
+    chosen = resolve_profile(profile)
     boot = f", cold boot {chosen.cold_boot_s * time_scale:g}s" if cold_boot and chosen.cold_boot_s else ""
     print(
         f"Emulating {profile} ({chosen.dialect} dialect, model {chosen.model}) on http://{host}:{port}"

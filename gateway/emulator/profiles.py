@@ -1,14 +1,17 @@
-"""Performance profiles of the emulated upstreams, from the published figures in DESIGN.md section 2.
+"""Performance profiles of the upstreams, from the published figures in DESIGN.md section 2.
 
 A profile is data plus two formulas (time to first token, per-stream decode speed); durations are emulated.
+The emulators (``gateway emulate``) and the simulator (``gateway simulate``) read the same profiles.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import random
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal
 
 DialectName = Literal["vllm", "llamacpp", "openai"]
 
@@ -43,6 +46,25 @@ class Profile:
 
     def per_stream_tokens_per_s(self, running: int) -> float:
         return self.tokens_per_s * math.pow(max(1, running), -self.batching_exponent)
+
+    def with_overrides(self, changes: Mapping[str, Any]) -> Profile:
+        """This profile with some parameters changed (a smaller pool, a slower API); names are checked."""
+        known = {f.name for f in dataclasses.fields(self)}
+        unknown = sorted(set(changes) - known)
+        if unknown:
+            raise ValueError(
+                f"unknown profile parameter(s) {', '.join(unknown)}; known: {', '.join(sorted(known))}"
+            )
+        return dataclasses.replace(self, **changes)
+
+
+def resolve_profile(profile: str | Profile) -> Profile:
+    """A profile by name (one of ``PROFILES``), or the given one as is."""
+    if isinstance(profile, Profile):
+        return profile
+    if profile not in PROFILES:
+        raise ValueError(f"unknown emulator profile {profile!r}; known: {', '.join(PROFILES)}")
+    return PROFILES[profile]
 
 
 def _build_profiles() -> dict[str, Profile]:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any, NamedTuple, Protocol
 
 from gateway.ledger.rows import GROUP_COLUMNS, SpendTotal
 
@@ -90,6 +90,29 @@ class LedgerReader:
         """The newest ``limit`` rows by start time, newest first."""
         query = f"SELECT {', '.join(RECENT_COLUMNS)} FROM requests ORDER BY time DESC LIMIT ?"
         return [dict(zip(RECENT_COLUMNS, row, strict=True)) for row in self._query(query, (limit,))]
+
+    def replay_rows(self, since: float) -> list[ReplayRow]:
+        """Rows that started at or after ``since``, oldest first (``gateway simulate --workload ledger:``)."""
+        query = (
+            "SELECT time, route, stream, prompt_tokens, completion_tokens, reasoning_tokens, status"
+            " FROM requests WHERE time >= ? ORDER BY time"
+        )
+        return [
+            ReplayRow(float(t), r, bool(s), int(p), int(c), int(rs), st)
+            for t, r, s, p, c, rs, st in self._query(query, (since,))
+        ]
+
+
+class ReplayRow(NamedTuple):
+    """What a replay of past traffic needs from one ledger row."""
+
+    time: float
+    route: str
+    stream: bool
+    prompt_tokens: int
+    completion_tokens: int
+    reasoning_tokens: int
+    status: str
 
 
 def _plain(value: Any) -> Any:

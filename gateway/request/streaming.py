@@ -265,7 +265,8 @@ class StreamRelay:
         except asyncio.CancelledError:
             if not exchange.absorb_cancel():
                 raise
-            self._attempt.status = "cancelled"  # the client went away: a normal end, not an error
+            if self._attempt.finished_at is None:  # (not one a resume already ended as dropped)
+                self._attempt.status = "cancelled"  # the client went away: a normal end, not an error
         finally:
             if self._attempt.finished_at is None:
                 self._meter.finish(exchange.runtime.clock())

@@ -1,0 +1,231 @@
+"""The fidelity comparison: one seeded ramp sent through the real gateway against three emulated pools
+over HTTP, and through the simulator, with the same profiles and policy; both summarized alike.
+
+``python -m tests.simulate.fidelity 300`` runs a longer version and prints both sides.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import random
+import sqlite3
+import sys
+import time
+from collections import Counter
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from gateway.emulator import PROFILES, create_emulator_app
+from gateway.emulator.profiles import Profile
+from gateway.policy.load import load_policy
+from gateway.simulate.engine import PolicyRouter, RunResult, Simulation
+from gateway.simulate.report import quantile, summarize
+from gateway.simulate.workload import SimRequest, Workload, WorkloadFile, synthesize
+from tests.conftest import emulated_clock, running_gateway
+from tests.servers import ProcessServer, free_port, python_module, threaded_server, wait_http
+
+TIME_SCALE = float(os.environ.get("FIDELITY_TIME_SCALE", "0.25"))
+PAID_KEY = "fidelity-paid-key"
+SEATS = 8  # a small B300 pool, so a short ramp overloads it
+# Long answers from the emulators; each request's max_tokens sets its real length.
+OVERRIDES: dict[str, dict[str, Any]] = {
+    "b300-vllm": {"max_running": SEATS, "content_tokens": 100_000},
+    "a100-llamacpp": {"content_tokens": 100_000},
+    "paid-api": {"content_tokens": 100_000},
+}
+
+
+def profiles() -> dict[str, Profile]:
+    return {name: PROFILES[name].with_overrides(changes) for name, changes in OVERRIDES.items()}
+
+
+def policy_text(urls: dict[str, str], real_seconds: float) -> str:
+    """The policy both sides run; ``real_seconds`` turns emulated seconds into the gateway's real ones
+    (its scraper and timeouts wait in real time; its stats run on the emulated clock)."""
+    interval = 1.0 * real_seconds
+    timeouts = f"{{first_byte_s: {600 * real_seconds:g}, idle_s: {600 * real_seconds:g}}}"
+    return f"""
+backends:
+  b300-vllm:
+    dialect: vllm
+    url: {urls["b300-vllm"]}/v1
+    model: moonshotai/Kimi-K3
+    thinking: mandatory
+    pricing: {{gpu_hours: {{usd_per_hour: 62.93, accounting: marginal, assumed_tokens_per_s: 92}}}}
+    signals: {{metrics_url: {urls["b300-vllm"]}/metrics, health_url: {urls["b300-vllm"]}/health,
+               interval_s: {interval:g}}}
+    timeouts: {timeouts}
+  a100-llamacpp:
+    dialect: llamacpp
+    url: {urls["a100-llamacpp"]}/v1
+    model: kimi-k3-ud-iq1_s
+    thinking: mandatory
+    max_concurrency: 4
+    pricing: {{gpu_hours: {{usd_per_hour: 20.09, accounting: marginal, assumed_tokens_per_s: 9}}}}
+    signals: {{metrics_url: {urls["a100-llamacpp"]}/metrics, slots_url: {urls["a100-llamacpp"]}/slots,
+               health_url: {urls["a100-llamacpp"]}/health, interval_s: {interval:g}}}
+    timeouts: {timeouts}
+  paid-api:
+    dialect: openai
+    url: {urls["paid-api"]}/v1
+    model: kimi-k3
+    api_key_env: FIDELITY_PAID_KEY
+    thinking: mandatory
+    pricing:
+      per_token: {{input_usd_per_mtok: 0.6, cached_input_usd_per_mtok: 0.15, output_usd_per_mtok: 15}}
+    timeouts: {timeouts}
+routes:
+  kimi-k3:
+    backends: [b300-vllm, paid-api, a100-llamacpp]
+    slo: {{ttft_p95_ms: 3000, min_decode_tokens_per_s: 20}}
+    exploration: 0
+"""
+
+
+def workload(duration_s: float, seed: int = 11) -> Workload:
+    spec = WorkloadFile.model_validate(
+        {
+            "name": "fidelity-ramp",
+            "seed": seed,
+            "duration_s": duration_s,
+            "arrivals": {"ramp": {"from_rps": 0.3, "to_rps": 6.0}},
+            "requests": {
+                "prompt_tokens": {"median": 300, "sigma": 0.5, "min": 20, "max": 2000},
+                "output_tokens": {"median": 120, "sigma": 0.5, "min": 16, "max": 600},
+                "routes": {"kimi-k3": 1},
+            },
+            "backends": {
+                name: {"profile": name, "overrides": changes} for name, changes in OVERRIDES.items()
+            },
+        }
+    )
+    synthetic = synthesize(spec)
+    # Each request asks for exactly its length, as the gateway run must (the emulators stop there).
+    requests = [r._replace(max_tokens=r.output_tokens) for r in synthetic.requests]
+    return synthetic._replace(requests=requests)
+
+
+@contextlib.contextmanager
+def emulators(time_scale: float, ports: list[int]) -> Iterator[None]:
+    """The three emulators with the comparison's profiles, on ``ports``, in this process."""
+    os.environ["EMULATOR_API_KEY"] = PAID_KEY
+    try:
+        chosen = profiles()
+        paid = create_emulator_app(chosen["paid-api"], time_scale=time_scale, seed=3)
+    finally:
+        del os.environ["EMULATOR_API_KEY"]
+    vllm = create_emulator_app(chosen["b300-vllm"], time_scale=time_scale, seed=1)
+    llama = create_emulator_app(chosen["a100-llamacpp"], time_scale=time_scale, seed=2)
+    with threaded_server(vllm, ports[0]), threaded_server(llama, ports[1]), threaded_server(paid, ports[2]):
+        yield
+
+
+@contextlib.contextmanager
+def emulator_process(time_scale: float) -> Iterator[dict[str, str]]:
+    """The emulators in a process of their own, so they do not share the gateway's interpreter lock."""
+    ports = [free_port() for _ in range(3)]
+    command = python_module("tests.simulate.fidelity", "--serve", str(time_scale), *map(str, ports))
+    server = ProcessServer(command).start()
+    try:
+        urls = {name: f"http://127.0.0.1:{port}" for name, port in zip(OVERRIDES, ports, strict=True)}
+        for url in urls.values():
+            wait_http(url + "/health")
+        yield urls
+    finally:
+        server.stop()
+
+
+def prompt_of(index: int, tokens: int) -> str:
+    """``tokens`` x 4 characters, unique from the first one so no prefix cache helps."""
+    head = f"request {index:06d} "
+    return head + "x" * max(0, 4 * tokens - len(head))
+
+
+async def _send_all(base_url: str, requests: list[SimRequest], time_scale: float) -> Counter[int]:
+    statuses: Counter[int] = Counter()
+    limits = httpx.Limits(max_connections=500, max_keepalive_connections=100)
+    async with httpx.AsyncClient(base_url=base_url, timeout=600, limits=limits) as client:
+        started = time.monotonic()
+
+        async def one(index: int, req: SimRequest) -> None:
+            await asyncio.sleep(max(0.0, started + req.at * time_scale - time.monotonic()))
+            body = {
+                "model": req.route,
+                "messages": [{"role": "user", "content": prompt_of(index, req.prompt_tokens)}],
+                "max_tokens": req.max_tokens,
+                "stream": True,
+            }
+            async with client.stream("POST", "/chat/completions", json=body) as response:
+                await response.aread()
+                statuses[response.status_code] += 1
+
+        await asyncio.gather(*(one(i, r) for i, r in enumerate(requests)))
+    return statuses
+
+
+def through_gateway(work: Workload, tmp: Path, time_scale: float = TIME_SCALE) -> dict[str, Any]:
+    os.environ["FIDELITY_PAID_KEY"] = PAID_KEY
+    with emulator_process(time_scale) as urls:
+        path = tmp / "gateway-policy.yaml"
+        path.write_text(policy_text(urls, time_scale))
+        options = {
+            "clock": emulated_clock(time_scale),
+            "rng": random.Random(7),
+            "ledger_path": tmp / "l.sqlite3",
+        }
+        with running_gateway(path, **options) as gateway:
+            statuses = asyncio.run(_send_all(gateway.base_url, work.requests, time_scale))
+    conn = sqlite3.connect(tmp / "l.sqlite3")
+    rows = conn.execute("SELECT backend, cost_usd, ttft_s, status, cost_basis FROM requests").fetchall()
+    conn.close()
+    ok = [r for r in rows if r[3] == "ok"]
+    answered = Counter(r[0] for r in ok)
+    api = sum(r[1] for r in ok if r[4] == "per_token")
+    pools = (62.93 + 20.09) * work.duration_s / 3600.0
+    return {
+        "requests": len(rows),
+        "statuses": dict(statuses),
+        "failures": len(rows) - len(ok),
+        "api_usd": api,
+        "total_cost_usd": pools + api,
+        "ttft_p95_s": quantile(sorted(r[2] for r in ok if r[2] is not None), 0.95),
+        "share": {name: count / len(ok) for name, count in answered.items()},
+    }
+
+
+def through_simulator(work: Workload, tmp: Path) -> dict[str, Any]:
+    urls = {name: f"http://127.0.0.1:9/{name}" for name in OVERRIDES}  # never dialled
+    path = tmp / "sim-policy.yaml"
+    path.write_text(policy_text(urls, 1.0))
+    os.environ["FIDELITY_PAID_KEY"] = PAID_KEY
+    result: RunResult = Simulation(load_policy(path), work, PolicyRouter("fidelity"), seed=7).run()
+    summary = summarize(result)
+    summary["api_usd"] = sum(result.api_usd.values())
+    return summary
+
+
+def main() -> None:
+    import tempfile
+
+    if sys.argv[1:2] == ["--serve"]:
+        with emulators(float(sys.argv[2]), [int(p) for p in sys.argv[3:6]]):
+            while True:
+                time.sleep(3600)
+
+    duration = float(sys.argv[1]) if len(sys.argv) > 1 else 120.0
+    work = workload(duration)
+    with tempfile.TemporaryDirectory() as tmp:
+        real = through_gateway(work, Path(tmp))
+        sim = through_simulator(work, Path(tmp))
+    keys = ("requests", "failures", "api_usd", "total_cost_usd", "ttft_p95_s", "share")
+    for key in keys:
+        print(f"{key:>16}: gateway {real[key]!r:<60} simulator {sim[key]!r}")
+
+
+if __name__ == "__main__":
+    main()
