@@ -311,6 +311,7 @@ class Runtime:
         observation.queued_s += waited
         exchange.decision, exchange.order = decision, decision.order
         observation.decision_reason = f"{decision.reason}_after_wait"
+        observation.expected_cost_usd = decision.expected_cost_usd
         return decision.order
 
     async def _start_spend(self) -> None:

@@ -67,6 +67,9 @@ routes:
   cannot-resume:
     backends: [pool-a, api-plain]
     exploration: 0
+# These tests choose where a stream starts by route order: a start-up probe could tell the two equal
+# pools apart by a few milliseconds of TTFT, and its request would share the emulators' fault knobs.
+tuning: {{probes: {{on_start: false}}}}
 """
 
 

@@ -28,6 +28,7 @@ log = logging.getLogger("gateway.ledger")
 MAX_PENDING_ROWS = 200_000
 RETRY_MAX_S = 5.0
 STREAM_INDEX = COLUMNS.index("stream")
+PROBE_INDEX = COLUMNS.index("probe")
 
 
 class Ledger:
@@ -216,6 +217,7 @@ class Ledger:
             rows = [list(row) for row in reader.conn.execute(query).fetchall()]
         for row in rows:
             row[STREAM_INDEX] = bool(row[STREAM_INDEX])
+            row[PROBE_INDEX] = bool(row[PROBE_INDEX])  # SQLite keeps booleans as integers
         for start in range(0, len(rows), self._batch_size):
             self.database.write([tuple(r) for r in rows[start : start + self._batch_size]])
         for suffix in ("", "-wal", "-shm"):

@@ -14,7 +14,7 @@ from gateway.measure.signals import LoadSignals
 from gateway.request.observation import Attempt
 
 _NO_ROUTES: Mapping[str, float] = MappingProxyType({})
-PREFILL_MIN_TOKENS = 1000  # uncached prompt tokens from which an attempt's TTFT measures prefill speed
+PREFILL_MIN_TOKENS = 8000  # uncached prompt tokens from which an attempt's TTFT is mostly prefill
 
 
 class DecayedSamples:

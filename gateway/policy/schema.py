@@ -303,7 +303,7 @@ class Tuning(Strict):
     stats: StatsTuning = StatsTuning()
     prior_output_tokens: PriorOutputTokens = PriorOutputTokens()
     probes: ProbeTuning = ProbeTuning()
-    # A pool's prompt-processing speed (tokens/s) until measured on prompts of 1,000+ tokens.
+    # A pool's prompt-processing speed (tokens/s) until measured on prompts of 8,000+ tokens.
     prior_prefill_tokens_per_s: PositiveFloat = 10_000.0
     # Characters per token, to estimate a prompt's tokens before sending (and usage nobody reported).
     chars_per_token: Annotated[float, Field(gt=0, le=100)] = 4.0
