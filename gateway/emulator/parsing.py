@@ -28,6 +28,9 @@ class CompletionRequest:
     stream: bool
     include_usage: bool
     continuous_usage_stats: bool
+    # A chat request offering tools whose last message is not a tool's result: the answer is a call to
+    # the first tool (so clients can test a tool round trip); None otherwise.
+    tool_name: str | None = None
 
 
 def parse_completion_request(
@@ -59,7 +62,20 @@ def parse_completion_request(
         stream=bool(stream),
         include_usage=bool(stream) and options.get("include_usage") is True,
         continuous_usage_stats=bool(stream) and options.get("continuous_usage_stats") is True,
+        tool_name=_tool_to_call(body) if endpoint == "chat" else None,
     )
+
+
+def _tool_to_call(body: dict[str, Any]) -> str | None:
+    tools, messages = body.get("tools"), body.get("messages")
+    if not isinstance(tools, list) or not tools or body.get("tool_choice") == "none":
+        return None
+    last = messages[-1] if isinstance(messages, list) and messages else None
+    if isinstance(last, dict) and last.get("role") == "tool":
+        return None
+    function = tools[0].get("function") if isinstance(tools[0], dict) else None
+    name = function.get("name") if isinstance(function, dict) else None
+    return name if isinstance(name, str) else None
 
 
 def _messages_text(messages: Any) -> str:

@@ -144,7 +144,7 @@ class Emulator:
         profile = self.profile
         reasoning = profile.reasoning_tokens if faults.reasoning_tokens is None else faults.reasoning_tokens
         content = profile.content_tokens if faults.content_tokens is None else faults.content_tokens
-        finish_reason = "stop"
+        finish_reason = "stop" if parsed.tool_name is None else "tool_calls"
         if parsed.max_tokens is not None and parsed.max_tokens < reasoning + content:
             finish_reason = "length"
             reasoning = min(reasoning, parsed.max_tokens)
@@ -169,6 +169,7 @@ class Emulator:
             and (faults.continuous_usage or asked_continuous),
             omit_stream_usage=faults.omit_stream_usage,
             reasoning_field=faults.reasoning_field,
+            tool_name=parsed.tool_name if content else None,
         )
         plan = Plan(
             prompt_tokens=parsed.prompt_tokens,
