@@ -344,7 +344,12 @@ class LlamaCppDialect(OpenAIDialect):
 
 
 def dialect_for(name: DialectName) -> OpenAIDialect:
+    from gateway.emulator.anthropic_api import AnthropicDialect
+    from gateway.emulator.sglang import SglangDialect
+
     dialects: dict[DialectName, type[OpenAIDialect]] = {
+        "anthropic": AnthropicDialect,
+        "sglang": SglangDialect,
         "vllm": VllmDialect,
         "llamacpp": LlamaCppDialect,
         "openai": OpenAIDialect,

@@ -32,6 +32,8 @@ BOOTING_MESSAGE = {
     "vllm": "The server is starting up.",
     "llamacpp": "Loading model",
     "openai": "Service starting.",
+    "anthropic": "Overloaded",
+    "sglang": "The server is starting up.",
 }
 
 
@@ -57,11 +59,12 @@ class Emulator:
         self._limiter = RateLimiter()
         self._prefix_cache = PrefixCache(profile.cache_block_tokens)
         # Only the paid API checks keys, and only when EMULATOR_API_KEY was set at creation.
-        self._api_key = api_key if profile.dialect == "openai" else None
+        self._api_key = api_key if profile.dialect in ("openai", "anthropic") else None
 
     def set_faults(self, faults: Faults) -> None:
         self.faults = faults
         self.engine.set_slowdown(faults.slowdown)
+        self.engine.set_seats(faults.seats)
 
     def error_response(self, status: int, message: str) -> Response:
         return json_response(self.dialect.error(status, message), status)
@@ -70,7 +73,8 @@ class Emulator:
         """The answer for any /v1 request this upstream cannot take yet: booting, or a wrong key."""
         if self.engine.booting:
             return self.error_response(503, BOOTING_MESSAGE[self.profile.dialect])
-        if self._api_key is not None and request.headers.get("authorization") != f"Bearer {self._api_key}":
+        key = self._api_key
+        if key is not None and key not in (request.headers.get("x-api-key"), _bearer(request)):
             return self.error_response(401, "Incorrect API key provided.")
         return None
 
@@ -235,6 +239,11 @@ class Emulator:
             predicted_n=generation.emitted,
             predicted_ms=predicted_s * 1000.0,
         )
+
+
+def _bearer(request: Request) -> str | None:
+    given = request.headers.get("authorization", "")
+    return given[7:] if given.startswith("Bearer ") else None
 
 
 def json_response(body: Any, status: int = 200, headers: dict[str, str] | None = None) -> Response:
