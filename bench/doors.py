@@ -106,7 +106,8 @@ backends:
   api: {{dialect: openai, url: {paid}/v1, model: m, thinking: mandatory, api_key_env: BENCH_KEY,
         pricing: {{per_token: {{input_usd_per_mtok: 3, output_usd_per_mtok: 15}}}}}}
   claude: {{dialect: litellm, url: {claude}, model: anthropic/claude-emulated-4,
-           thinking: mandatory, api_key_env: BENCH_KEY, pricing: {{per_token: {{input_usd_per_mtok: 3, output_usd_per_mtok: 15}}}}}}
+           thinking: mandatory, api_key_env: BENCH_KEY,
+           pricing: {{per_token: {{input_usd_per_mtok: 3, output_usd_per_mtok: 15}}}}}}
 routes:
   pool: {{backends: [pool]}}
   api: {{backends: [api]}}
