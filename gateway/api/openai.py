@@ -1,4 +1,5 @@
-"""Thin handlers for the OpenAI-compatible surface: /v1/chat/completions, /v1/completions, /v1/models."""
+"""Thin handlers for the client-facing API: the doors' paths (chat, completions, embeddings, Anthropic
+messages, responses) and /v1/models."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ from gateway.api.admin import runtime_of
 from gateway.api.responses import json_response
 from gateway.doors import Door
 from gateway.doors.anthropic import MESSAGES
+from gateway.doors.embeddings import EMBEDDINGS
 from gateway.doors.openai import CHAT, COMPLETIONS
 from gateway.doors.responses import RESPONSES
 from gateway.errors import ModelNotFound
@@ -24,6 +26,8 @@ HOT_PATHS: dict[str, Door] = {
     "/completions": COMPLETIONS,
     "/v1/messages": MESSAGES,
     "/v1/responses": RESPONSES,
+    "/v1/embeddings": EMBEDDINGS,
+    "/embeddings": EMBEDDINGS,
 }
 
 
@@ -69,6 +73,8 @@ routes = [
     Route("/v1/completions", DoorEndpoint(COMPLETIONS), methods=["POST"]),
     Route("/v1/messages", DoorEndpoint(MESSAGES), methods=["POST"]),
     Route("/v1/responses", DoorEndpoint(RESPONSES), methods=["POST"]),
+    Route("/v1/embeddings", DoorEndpoint(EMBEDDINGS), methods=["POST"]),
+    Route("/embeddings", DoorEndpoint(EMBEDDINGS), methods=["POST"]),
     Route("/v1/models", models, methods=["GET"]),
     Route("/v1/models/{model_id:path}", model, methods=["GET"]),
     # Some clients are configured without the /v1 prefix.
