@@ -15,7 +15,7 @@ import pytest
 
 from gateway.emulator import create_emulator_app
 from tests.conftest import TIME_SCALE, Gateway, Upstreams, running_gateway
-from tests.doors.ledger import ANSWER, THINKING, last_request_id, ledger_row
+from tests.doors.ledger import ANSWER, THINKING, ledger_row, settled_request_id
 from tests.servers import ThreadedServer, threaded_server
 
 KEY = "anthropic-backend-secret"
@@ -103,7 +103,7 @@ def test_a_litellm_backend_answers_with_thinking_billed_once(gateway: Gateway, s
         text = answer.choices[0].message.content or ""
         thinking = getattr(answer.choices[0].message, "reasoning_content", "")
     assert (thinking, text) == (THINKING, ANSWER)
-    row = ledger_row(gateway, last_request_id(gateway))
+    row = ledger_row(gateway, settled_request_id(gateway, 1))
     assert (row["backend"], row["status"], row["usage_source"]) == ("claude", "ok", "reported")
     assert (row["prompt_tokens"], row["completion_tokens"], row["reasoning_tokens"]) == (
         PROMPT_TOKENS,
@@ -129,7 +129,7 @@ def test_a_503_from_the_pool_falls_back_to_the_litellm_backend(
     else:
         answer = sdk.chat.completions.create(model="pool-then-claude", messages=HELLO)  # type: ignore[arg-type]
         assert answer.choices[0].message.content == ANSWER
-    row = ledger_row(gateway, last_request_id(gateway))
+    row = ledger_row(gateway, settled_request_id(gateway, 2))
     assert (row["backend"], row["attempts"], row["status"]) == ("claude", 2, "ok")
     # The failed pool attempt produced no tokens; the answer is billed at Claude's per-token prices.
     assert row["cost_usd"] == pytest.approx(claude_cost(row["prompt_tokens"], row["completion_tokens"]))

@@ -22,6 +22,7 @@ def ledger_row(gateway: Gateway, request_id: str) -> sqlite3.Row:
     return row
 
 
-def last_request_id(gateway: Gateway) -> str:
-    eventually(lambda: bool(gateway.runtime.recent), 5, "a settled request")
-    return gateway.runtime.recent[-1].request_id
+def settled_request_id(gateway: Gateway, nth: int) -> str:
+    """The id of the ``nth`` request this gateway settled (a stream settles just after its last byte)."""
+    eventually(lambda: len(gateway.runtime.recent) >= nth, 10, f"request {nth} settled")
+    return gateway.runtime.recent[nth - 1].request_id

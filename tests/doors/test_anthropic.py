@@ -11,7 +11,7 @@ import httpx
 import pytest
 
 from tests.conftest import Gateway
-from tests.doors.ledger import ANSWER, THINKING, last_request_id, ledger_row
+from tests.doors.ledger import ANSWER, THINKING, ledger_row, settled_request_id
 
 HELLO = [{"role": "user", "content": "Hello there, gateway."}]
 WEATHER = {
@@ -25,9 +25,9 @@ def client(gateway: Gateway) -> anthropic.Anthropic:
     return anthropic.Anthropic(base_url=gateway.url, api_key="unused", max_retries=0)
 
 
-def check_books(gateway: Gateway, usage: Any, prompt_chars: int) -> None:
+def check_books(gateway: Gateway, usage: Any, prompt_chars: int, nth: int = 1) -> None:
     """The SDK's usage is the upstream's, and so is the ledger row; thinking is billed once."""
-    row = ledger_row(gateway, last_request_id(gateway))
+    row = ledger_row(gateway, settled_request_id(gateway, nth))
     prompt = usage.input_tokens + (usage.cache_read_input_tokens or 0)
     assert prompt == row["prompt_tokens"] == math.ceil(prompt_chars / 4)  # the emulator's count
     assert usage.output_tokens == row["completion_tokens"] == 96  # 64 thinking + 32 answer tokens
@@ -107,7 +107,8 @@ def test_a_tool_call_and_its_result_make_a_round_trip(gateway: Gateway, stream: 
     second = sdk.messages.create(model="vllm-only", max_tokens=1000, tools=[WEATHER], messages=history)  # type: ignore[arg-type]
     assert second.stop_reason == "end_turn"
     assert second.content[-1].text == ANSWER  # type: ignore[union-attr]
-    sent = httpx.get(gateway.runtime.policy.backends["b300-vllm"].base_url[:-3] + "/emulator/requests")
+    log = gateway.runtime.policy.backends["b300-vllm"].base_url[:-3] + "/emulator/requests"
+    sent = httpx.get(log, params={"path": "/v1/chat/completions"})  # not the metrics scrapes
     upstream_messages = sent.json()[-1]["body"]["messages"]
     assert upstream_messages[1]["tool_calls"][0]["id"] == call.id
     assert upstream_messages[2] == {"role": "tool", "tool_call_id": call.id, "content": "Sunny"}

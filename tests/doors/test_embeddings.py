@@ -10,7 +10,7 @@ import openai
 import pytest
 
 from tests.conftest import Gateway, Upstreams
-from tests.doors.ledger import last_request_id, ledger_row
+from tests.doors.ledger import ledger_row, settled_request_id
 
 TEXTS = ["The quick brown fox", "jumps over the lazy dog."]
 
@@ -28,7 +28,7 @@ def test_embeddings_come_back_and_their_input_tokens_are_priced(gateway: Gateway
     assert result.data[0].embedding != result.data[1].embedding
     tokens = sum(math.ceil(len(t) / 4) for t in TEXTS)
     assert result.usage.prompt_tokens == tokens
-    row = ledger_row(gateway, last_request_id(gateway))
+    row = ledger_row(gateway, settled_request_id(gateway, 1))
     assert (row["endpoint"], row["backend"], row["status"]) == ("embeddings", "paid-api", "ok")
     assert (row["prompt_tokens"], row["completion_tokens"]) == (tokens, 0)
     assert row["cost_usd"] == pytest.approx(tokens * 0.6 / 1e6)  # paid-api's input price

@@ -9,7 +9,7 @@ import openai
 import pytest
 
 from tests.conftest import Gateway
-from tests.doors.ledger import ANSWER, THINKING, last_request_id, ledger_row
+from tests.doors.ledger import ANSWER, THINKING, ledger_row, settled_request_id
 
 PROMPT = "Hello there, gateway."
 TOOL = {"type": "function", "name": "lookup", "parameters": {"type": "object", "properties": {}}}
@@ -20,7 +20,7 @@ def client(gateway: Gateway) -> openai.OpenAI:
 
 
 def check_books(gateway: Gateway, usage: openai.types.responses.ResponseUsage, prompt_chars: int) -> None:
-    row = ledger_row(gateway, last_request_id(gateway))
+    row = ledger_row(gateway, settled_request_id(gateway, 1))
     assert usage.input_tokens == row["prompt_tokens"] == math.ceil(prompt_chars / 4)
     assert usage.input_tokens_details.cached_tokens == row["cached_prompt_tokens"]
     assert usage.output_tokens == row["completion_tokens"] == 96
