@@ -15,7 +15,15 @@ from pathlib import Path
 
 from gateway.version import gateway_version
 
-LEDGER_ENV = "GATEWAY_LEDGER"  # gateway.ledger.settings reads it; named here so --help stays light
+LEDGER_ENV = "GATEWAY_LEDGER"
+# gateway.emulator.profiles.PROFILES, named here so --help stays light (a test keeps them equal).
+EMULATOR_PROFILES = (
+    "b300-vllm",
+    "a100-llamacpp",
+    "paid-api",
+    "h200-sglang",
+    "anthropic-api",
+)  # gateway.ledger.settings reads it; named here so --help stays light
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_POLICY = REPO_ROOT / "policies" / "default.yaml"
@@ -209,9 +217,7 @@ def build_parser() -> argparse.ArgumentParser:
         "gateway emulate --profile b300-vllm --port 8101",
         "gateway emulate --profile a100-llamacpp --port 8102 --time-scale 0.1 --cold-boot",
     )
-    emulate.add_argument(
-        "--profile", required=True, choices=["b300-vllm", "a100-llamacpp", "paid-api"], help="which upstream"
-    )
+    emulate.add_argument("--profile", required=True, choices=EMULATOR_PROFILES, help="which upstream")
     emulate.add_argument("--host", default="127.0.0.1", help="address to listen on")
     emulate.add_argument("--port", type=int, required=True, help="port to listen on")
     emulate.add_argument(

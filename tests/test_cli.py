@@ -151,3 +151,10 @@ def test_a_busy_metrics_port_is_named_with_its_flag(tmp_path: Path) -> None:
     assert result.returncode == 2
     last = result.stderr.strip().splitlines()[-1]
     assert f"127.0.0.1:{taken}: address already in use" in last and last.endswith("with --metrics-port")
+
+
+def test_emulate_offers_every_emulator_profile() -> None:
+    from gateway.cli import EMULATOR_PROFILES
+    from gateway.emulator.profiles import PROFILES
+
+    assert sorted(EMULATOR_PROFILES) == sorted(PROFILES)

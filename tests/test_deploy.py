@@ -217,3 +217,13 @@ def test_real_pools_policy_points_at_what_the_recipes_expose(
         assert compiled.max_concurrency == int(flag_value(args, "--parallel"))
     else:
         assert compiled.max_concurrency == int(flag_value(args, "--max-num-seqs"))
+
+
+def test_the_sglang_recipe_enables_metrics_and_its_policy_checks() -> None:
+    script = (DEPLOY / "sglang" / "serve-kimi-k3.sh").read_text()
+    assert "--enable-metrics" in script and "--reasoning-parser" in script
+    compiled = load_policy(DEPLOY / "sglang" / "policy.yaml", environ={})
+    (backend,) = compiled.backends.values()
+    assert backend.dialect == "sglang" and backend.signals.metrics_url is not None
+    port = re.search(r'PORT="\$\{PORT:-(\d+)\}"', script)
+    assert port is not None and f":{port.group(1)}/" in backend.base_url + "/"

@@ -1,4 +1,5 @@
-"""Thin handlers for the OpenAI-compatible surface: /v1/chat/completions, /v1/completions, /v1/models."""
+"""Thin handlers for the client-facing API: the doors' paths (chat, completions, embeddings, Anthropic
+messages, responses) and /v1/models."""
 
 from __future__ import annotations
 
@@ -10,7 +11,11 @@ from starlette.types import Receive, Scope, Send
 from gateway.api.admin import runtime_of
 from gateway.api.responses import json_response
 from gateway.doors import Door
+from gateway.doors.anthropic import MESSAGES
+from gateway.doors.embeddings import EMBEDDINGS
 from gateway.doors.openai import CHAT, COMPLETIONS
+from gateway.doors.responses import RESPONSES
+from gateway.errors import ModelNotFound
 from gateway.request.proxy import serve
 
 # The paths ``GatewayApp`` serves without Starlette's router (the Routes below stay for the rest).
@@ -19,6 +24,10 @@ HOT_PATHS: dict[str, Door] = {
     "/v1/completions": COMPLETIONS,
     "/chat/completions": CHAT,
     "/completions": COMPLETIONS,
+    "/v1/messages": MESSAGES,
+    "/v1/responses": RESPONSES,
+    "/v1/embeddings": EMBEDDINGS,
+    "/embeddings": EMBEDDINGS,
 }
 
 
@@ -45,12 +54,32 @@ async def models(request: Request) -> Response:
     return json_response({"object": "list", "data": data})
 
 
+async def model(request: Request) -> Response:
+    """One route as a model object; 404 in OpenAI's shape for a name the caller cannot use."""
+    runtime = runtime_of(request)
+    policy = runtime.policy
+    key = runtime.authenticate(policy, request.headers)
+    name = request.path_params["model_id"]
+    route = policy.routes.get(name)
+    if route is None or (key is not None and not key.may_use(name)):
+        raise ModelNotFound(f"The model '{name[:200]}' does not exist")
+    return json_response(
+        {"id": name, "object": "model", "created": 0, "owned_by": "gateway", "description": route.description}
+    )
+
+
 routes = [
     Route("/v1/chat/completions", DoorEndpoint(CHAT), methods=["POST"]),
     Route("/v1/completions", DoorEndpoint(COMPLETIONS), methods=["POST"]),
+    Route("/v1/messages", DoorEndpoint(MESSAGES), methods=["POST"]),
+    Route("/v1/responses", DoorEndpoint(RESPONSES), methods=["POST"]),
+    Route("/v1/embeddings", DoorEndpoint(EMBEDDINGS), methods=["POST"]),
+    Route("/embeddings", DoorEndpoint(EMBEDDINGS), methods=["POST"]),
     Route("/v1/models", models, methods=["GET"]),
+    Route("/v1/models/{model_id:path}", model, methods=["GET"]),
     # Some clients are configured without the /v1 prefix.
     Route("/chat/completions", DoorEndpoint(CHAT), methods=["POST"]),
     Route("/completions", DoorEndpoint(COMPLETIONS), methods=["POST"]),
     Route("/models", models, methods=["GET"]),
+    Route("/models/{model_id:path}", model, methods=["GET"]),
 ]

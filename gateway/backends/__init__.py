@@ -16,13 +16,26 @@ from gateway.policy.compiled import CompiledBackend
 
 __all__ = ["CLIENT_KINDS", "BackendClient", "Backends", "Fetched", "Upstream", "UpstreamCall"]
 
+
+def _litellm_client() -> BackendClient:
+    from gateway.backends.via_litellm import LitellmClient  # litellm is imported only when a policy uses it
+
+    return LitellmClient()
+
+
 # Which client speaks to a backend of each dialect. The OpenAI-compatible dialects share one client
 # (one connection pool); they differ only in what the relay and the signal scraper read.
 CLIENT_KINDS: Mapping[str, str] = MappingProxyType(
-    {"vllm": "openai_compat", "llamacpp": "openai_compat", "openai": "openai_compat"}
+    {
+        "vllm": "openai_compat",
+        "llamacpp": "openai_compat",
+        "openai": "openai_compat",
+        "sglang": "openai_compat",
+        "litellm": "litellm",
+    }
 )
 CLIENT_FACTORIES: Mapping[str, Callable[[], BackendClient]] = MappingProxyType(
-    {"openai_compat": OpenAICompatClient}
+    {"openai_compat": OpenAICompatClient, "litellm": _litellm_client}
 )
 
 

@@ -18,6 +18,8 @@ from starlette.responses import PlainTextResponse, Response
 from starlette.routing import Route
 from starlette.types import Receive, Scope, Send
 
+from gateway.emulator.anthropic_api import messages
+from gateway.emulator.embeddings import embeddings
 from gateway.emulator.exposition import metrics_text, slots_json
 from gateway.emulator.faults import Faults, FaultsError
 from gateway.emulator.parsing import Endpoint
@@ -65,6 +67,10 @@ def create_emulator_app(
     ]
     if chosen.dialect == "llamacpp":
         routes.append(Route("/slots", slots, methods=["GET"]))
+    if chosen.dialect != "anthropic":
+        routes.append(Route("/v1/embeddings", embeddings, methods=["POST"]))
+    if chosen.dialect == "anthropic":
+        routes.append(Route("/v1/messages", messages, methods=["POST"]))
     app = _EmulatorApp(routes=routes)
     app.state.emulator = emulator
     return app

@@ -61,6 +61,8 @@ class OpenAIDialect:
     def token_choice(self, turn: Turn, index: int, finish_reason: str | None = None) -> Json:
         if turn.endpoint == "completions":
             return _text_choice(turn.text(index), finish_reason)
+        if turn.tool_name is not None and not turn.is_reasoning(index):
+            return _delta_choice(turn.tool_delta(index), finish_reason)
         field = self.reasoning_field(turn) if turn.is_reasoning(index) else "content"
         return _delta_choice({field: turn.text(index)}, finish_reason)
 
@@ -108,12 +110,15 @@ class OpenAIDialect:
     def message(self, turn: Turn) -> Json:
         reasoning = turn.joined(0, turn.reasoning_tokens)
         content = turn.joined(turn.reasoning_tokens, turn.total_tokens)
-        return {
+        message: Json = {
             "role": "assistant",
             "content": content,
             "reasoning_content": reasoning or None,
             "refusal": None,
         }
+        if turn.tool_name is not None:
+            message.update(content=None, tool_calls=turn.tool_calls())
+        return message
 
     def response(self, turn: Turn, timings: Timings) -> Json:
         body = self.envelope(turn, stream=False)
@@ -197,7 +202,8 @@ class VllmDialect(OpenAIDialect):
         reasoning = turn.joined(0, turn.reasoning_tokens) or None
         content = turn.joined(turn.reasoning_tokens, turn.total_tokens) or None
         return {"role": "assistant", "content": content, "refusal": None, "annotations": None, "audio": None,
-                "function_call": None, "tool_calls": [], turn.reasoning_field: reasoning}  # fmt: skip
+                "function_call": None, "tool_calls": [], turn.reasoning_field: reasoning,
+                **({"content": None, "tool_calls": turn.tool_calls()} if turn.tool_name else {})}  # fmt: skip
 
     def response(self, turn: Turn, timings: Timings) -> Json:
         body = super().response(turn, timings)
@@ -259,6 +265,8 @@ class LlamaCppDialect(OpenAIDialect):
     def token_choice(self, turn: Turn, index: int, finish_reason: str | None = None) -> Json:
         if turn.endpoint == "completions":
             return _text_choice(turn.text(index), finish_reason)
+        if turn.tool_name is not None and not turn.is_reasoning(index):
+            return {"finish_reason": finish_reason, "index": 0, "delta": turn.tool_delta(index)}
         field = "reasoning_content" if turn.is_reasoning(index) else "content"
         return {"finish_reason": finish_reason, "index": 0, "delta": {field: turn.text(index)}}
 
@@ -293,6 +301,8 @@ class LlamaCppDialect(OpenAIDialect):
         }
         if turn.reasoning_tokens:
             message["reasoning_content"] = turn.joined(0, turn.reasoning_tokens)
+        if turn.tool_name is not None:
+            message.update(content=None, tool_calls=turn.tool_calls())
         return message
 
     def response(self, turn: Turn, timings: Timings) -> Json:
@@ -334,7 +344,12 @@ class LlamaCppDialect(OpenAIDialect):
 
 
 def dialect_for(name: DialectName) -> OpenAIDialect:
+    from gateway.emulator.anthropic_api import AnthropicDialect
+    from gateway.emulator.sglang import SglangDialect
+
     dialects: dict[DialectName, type[OpenAIDialect]] = {
+        "anthropic": AnthropicDialect,
+        "sglang": SglangDialect,
         "vllm": VllmDialect,
         "llamacpp": LlamaCppDialect,
         "openai": OpenAIDialect,

@@ -132,6 +132,7 @@ class Engine:
         self._running: set[Generation] = set()
         self._waiting: OrderedDict[Generation, asyncio.Future[None]] = OrderedDict()
         self._slowdown = 1.0
+        self._seat_limit: int | None = None  # the faults' limit, below the profile's
         self._progress = 0.0
         self._progress_at = self.now()
         self._next_task_id = 0
@@ -166,6 +167,9 @@ class Engine:
     def per_stream_tokens_per_s(self) -> float:
         """Current decode speed of each running stream, in emulated tokens per second."""
         return self.profile.per_stream_tokens_per_s(len(self._running)) / self._slowdown
+
+    def set_seats(self, seats: int | None) -> None:
+        self._seat_limit = seats
 
     def set_slowdown(self, factor: float) -> None:
         self._advance()
@@ -238,8 +242,8 @@ class Engine:
     # -- seats and queue -----------------------------------------------------------------------------
 
     def _has_free_seat(self) -> bool:
-        limit = self.profile.max_running
-        return limit is None or len(self._running) < limit
+        limits = [n for n in (self.profile.max_running, self._seat_limit) if n is not None]
+        return not limits or len(self._running) < min(limits)
 
     async def _admit(self, gen: Generation) -> None:
         if self._has_free_seat() and not self._waiting:

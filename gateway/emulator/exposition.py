@@ -20,6 +20,8 @@ def metrics_text(engine: Engine) -> str:
         return _vllm_metrics(engine)
     if dialect == "llamacpp":
         return _llamacpp_metrics(engine)
+    if dialect == "sglang":
+        return _sglang_metrics(engine)
     return _paid_metrics(engine)
 
 
@@ -59,18 +61,49 @@ def slots_json(engine: Engine) -> list[dict[str, Any]]:
     return slots
 
 
-def _vllm_metrics(engine: Engine) -> str:
-    labels = {"engine": "0", "model_name": engine.profile.model}
-    totals = engine.totals
-    capacity = engine.profile.kv_capacity_tokens
-    kv_usage = min(1.0, engine.kv_tokens() / capacity) if capacity else 0.0
-    ttft = totals.ttft
+def _ttft_buckets(engine: Engine, labels: dict[str, str]) -> list[Sample]:
+    ttft = engine.totals.ttft
     buckets: list[Sample] = [
         ("_bucket", {**labels, "le": _number(bound)}, float(count))
         for bound, count in zip(ttft.bounds, ttft.cumulative(), strict=True)
     ]
     buckets.append(("_bucket", {**labels, "le": "+Inf"}, float(ttft.count)))
-    buckets += [("_count", labels, float(ttft.count)), ("_sum", labels, ttft.total)]
+    return [*buckets, ("_count", labels, float(ttft.count)), ("_sum", labels, ttft.total)]
+
+
+def _kv_usage(engine: Engine) -> float:
+    capacity = engine.profile.kv_capacity_tokens
+    return min(1.0, engine.kv_tokens() / capacity) if capacity else 0.0
+
+
+def _sglang_metrics(engine: Engine) -> str:
+    labels = {"model_name": engine.profile.model, "tp_rank": "0", "pp_rank": "0"}
+    totals = engine.totals
+    throughput = engine.running * engine.per_stream_tokens_per_s()
+    return "".join(
+        [
+            _family("sglang:num_running_reqs", "gauge", "The number of running requests.",
+                    [("", labels, engine.running)]),
+            _family("sglang:num_queue_reqs", "gauge", "The number of requests in the waiting queue.",
+                    [("", labels, engine.waiting)]),
+            _family("sglang:token_usage", "gauge", "The token usage.", [("", labels, _kv_usage(engine))]),
+            _family("sglang:gen_throughput", "gauge", "The generation throughput (token/s).",
+                    [("", labels, throughput)]),
+            _family("sglang:prompt_tokens_total", "counter", "Number of prefill tokens processed.",
+                    [("", labels, totals.prompt_tokens)]),
+            _family("sglang:generation_tokens_total", "counter", "Number of generation tokens processed.",
+                    [("", labels, totals.generation_tokens)]),
+            _family("sglang:time_to_first_token_seconds", "histogram",
+                    "Histogram of time to first token in seconds.", _ttft_buckets(engine, labels)),
+        ]
+    )  # fmt: skip
+
+
+def _vllm_metrics(engine: Engine) -> str:
+    labels = {"engine": "0", "model_name": engine.profile.model}
+    totals = engine.totals
+    kv_usage = _kv_usage(engine)
+    buckets = _ttft_buckets(engine, labels)
     return "".join(
         [
             _family("vllm:num_requests_running", "gauge", "Number of requests in model execution batches.",

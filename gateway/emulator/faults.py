@@ -25,6 +25,7 @@ class Faults(BaseModel):
     hang: bool = False  # accept, then send nothing until the client leaves
     drop_after_chunks: int | None = Field(None, ge=0)  # abort the connection after N SSE frames
     slowdown: float = Field(1.0, gt=0.0)  # divides the decode speed
+    seats: int | None = Field(None, ge=1)  # fewer running seats than the profile: a queue forms sooner
     rate_limit_rpm: int | None = Field(None, ge=1)  # 429 past N requests per rolling emulated minute
     reasoning_tokens: int | None = Field(None, ge=0)  # override the profile's output lengths
     content_tokens: int | None = Field(None, ge=0)

@@ -33,6 +33,9 @@ class CompletionRequest:
     include_usage: bool
     continuous_usage_stats: bool
     continuation: str | None = None  # the assistant text this request asks to continue
+    # A chat request offering tools whose last message is not a tool's result: the answer is a call to
+    # the first tool (so clients can test a tool round trip); None otherwise.
+    tool_name: str | None = None
 
 
 def _continuation(body: dict[str, Any], style: ContinuationStyle) -> str | None:
@@ -85,7 +88,20 @@ def parse_completion_request(
         include_usage=bool(stream) and options.get("include_usage") is True,
         continuous_usage_stats=bool(stream) and options.get("continuous_usage_stats") is True,
         continuation=_continuation(body, continuation_style) if endpoint == "chat" else None,
+        tool_name=_tool_to_call(body) if endpoint == "chat" else None,
     )
+
+
+def _tool_to_call(body: dict[str, Any]) -> str | None:
+    tools, messages = body.get("tools"), body.get("messages")
+    if not isinstance(tools, list) or not tools or body.get("tool_choice") == "none":
+        return None
+    last = messages[-1] if isinstance(messages, list) and messages else None
+    if isinstance(last, dict) and last.get("role") == "tool":
+        return None
+    function = tools[0].get("function") if isinstance(tools[0], dict) else None
+    name = function.get("name") if isinstance(function, dict) else None
+    return name if isinstance(name, str) else None
 
 
 def _messages_text(messages: Any) -> str:

@@ -10,10 +10,10 @@ import dataclasses
 import math
 import random
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Literal
 
-DialectName = Literal["vllm", "llamacpp", "openai"]
+DialectName = Literal["vllm", "llamacpp", "openai", "anthropic", "sglang"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -126,7 +126,20 @@ def _build_profiles() -> dict[str, Profile]:
         kv_capacity_tokens=0,
         cache_block_tokens=128,
     )
-    return {p.name: p for p in (b300, a100, paid)}
+    # A Messages-API vendor (Claude-like), reached through litellm's anthropic provider.
+    anthropic = replace(
+        paid,
+        name="anthropic-api",
+        dialect="anthropic",
+        model="claude-emulated-4",
+        owned_by="anthropic",
+        ttft_min_s=0.5,
+        ttft_max_s=0.7,
+        tokens_per_s=70.0,
+    )
+    # SGLang serving the same model on the same GPUs as the vLLM pool, with its own metric names.
+    sglang = replace(b300, name="h200-sglang", dialect="sglang", owned_by="sglang", tokens_per_s=85.0)
+    return {p.name: p for p in (b300, a100, paid, anthropic, sglang)}
 
 
 # Immutable lookup table (profiles are frozen); the module holds no mutable state.

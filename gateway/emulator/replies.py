@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncGenerator
+from collections.abc import AsyncGenerator, Callable
 from dataclasses import dataclass, field
 
 from starlette.responses import Response
@@ -54,6 +54,10 @@ class Reply(Response):
         failure = work.exception() if work.done() and not work.cancelled() else None
         if failure is not None:
             raise failure
+
+    def through(self, rewrite: Callable[[AsyncGenerator[Part, None]], AsyncGenerator[Part, None]]) -> Reply:
+        """The same reply with its parts rewritten (another API's framing of the same answer)."""
+        return Reply(rewrite(self._parts))
 
     async def _pump(self, scope: Scope, send: Send) -> bool:
         """Send the parts; True when the connection was aborted."""

@@ -37,13 +37,15 @@ JSON_TYPE = "application/json"
 # vLLM continues a final assistant message on request; the paid API takes Kimi's partial mode.
 CONTINUATION_STYLES: dict[str, ContinuationStyle] = {
     "vllm": "continue_final_message",
+    "sglang": "continue_final_message",
     "openai": "partial",
-    "llamacpp": "none",
 }
 BOOTING_MESSAGE = {
     "vllm": "The server is starting up.",
     "llamacpp": "Loading model",
     "openai": "Service starting.",
+    "anthropic": "Overloaded",
+    "sglang": "The server is starting up.",
 }
 
 
@@ -69,7 +71,7 @@ class Emulator:
         self._limiter = RateLimiter()
         self._prefix_cache = PrefixCache(profile.cache_block_tokens)
         # Only the paid API checks keys, and only when EMULATOR_API_KEY was set at creation.
-        self._api_key = api_key if profile.dialect == "openai" else None
+        self._api_key = api_key if profile.dialect in ("openai", "anthropic") else None
 
     def set_faults(self, faults: Faults) -> None:
         if faults.cold_boot_s is not None:
@@ -77,6 +79,7 @@ class Emulator:
             faults = faults.model_copy(update={"cold_boot_s": None})
         self.faults = faults
         self.engine.set_slowdown(faults.slowdown)
+        self.engine.set_seats(faults.seats)
 
     def error_response(self, status: int, message: str) -> Response:
         return json_response(self.dialect.error(status, message), status)
@@ -85,7 +88,8 @@ class Emulator:
         """The answer for any /v1 request this upstream cannot take yet: booting, or a wrong key."""
         if self.engine.booting:
             return self.error_response(503, BOOTING_MESSAGE[self.profile.dialect])
-        if self._api_key is not None and request.headers.get("authorization") != f"Bearer {self._api_key}":
+        key = self._api_key
+        if key is not None and key not in (request.headers.get("x-api-key"), _bearer(request)):
             return self.error_response(401, "Incorrect API key provided.")
         return None
 
@@ -102,7 +106,7 @@ class Emulator:
                 body,
                 endpoint,
                 strict_stream_options=self.profile.dialect != "llamacpp",
-                continuation_style=CONTINUATION_STYLES[self.profile.dialect],
+                continuation_style=CONTINUATION_STYLES.get(self.profile.dialect, "none"),
             )
         except BadRequest as exc:
             return self.error_response(400, str(exc))
@@ -167,7 +171,7 @@ class Emulator:
             # Continuing an answer: no thinking again, and the words go on from where the text stopped.
             content_offset = len(parsed.continuation.split())
             reasoning, content = 0, max(1, content - content_offset)
-        finish_reason = "stop"
+        finish_reason = "stop" if parsed.tool_name is None else "tool_calls"
         if parsed.max_tokens is not None and parsed.max_tokens < reasoning + content:
             finish_reason = "length"
             reasoning = min(reasoning, parsed.max_tokens)
@@ -193,6 +197,7 @@ class Emulator:
             omit_stream_usage=faults.omit_stream_usage,
             reasoning_field=faults.reasoning_field,
             content_offset=content_offset,
+            tool_name=parsed.tool_name if content else None,
         )
         plan = Plan(
             prompt_tokens=parsed.prompt_tokens,
@@ -258,6 +263,11 @@ class Emulator:
             predicted_n=generation.emitted,
             predicted_ms=predicted_s * 1000.0,
         )
+
+
+def _bearer(request: Request) -> str | None:
+    given = request.headers.get("authorization", "")
+    return given[7:] if given.startswith("Bearer ") else None
 
 
 def json_response(body: Any, status: int = 200, headers: dict[str, str] | None = None) -> Response:

@@ -32,6 +32,7 @@ class Turn:
     omit_stream_usage: bool
     reasoning_field: str  # vLLM: "reasoning" or "reasoning_content"
     content_offset: int = 0  # a continuation's answer words go on from here
+    tool_name: str | None = None  # the answer is a call to this tool (its arguments are the answer tokens)
 
     @property
     def total_tokens(self) -> int:
@@ -47,6 +48,26 @@ class Turn:
 
     def joined(self, start: int, stop: int) -> str:
         return "".join(self.text(i) for i in range(start, stop))
+
+    @property
+    def call_id(self) -> str:
+        return "call_" + self.id[-24:]
+
+    def tool_delta(self, index: int) -> Json:
+        """The ``tool_calls`` delta of answer token ``index``: the call's head with the first, then
+        fragments of its JSON arguments ``{"query": "word0 word1 ..."}``."""
+        first, last = index == self.reasoning_tokens, index == self.total_tokens - 1
+        fragment = ('{"query": "' if first else "") + self.text(index) + ('"}' if last else "")
+        call: Json = {"index": 0, "function": {"arguments": fragment}}
+        if first:
+            call.update(id=self.call_id, type="function")
+            call["function"] = {"name": self.tool_name, "arguments": fragment}
+        return {"tool_calls": [call]}
+
+    def tool_calls(self) -> list[Json]:
+        arguments = '{"query": "' + self.joined(self.reasoning_tokens, self.total_tokens) + '"}'
+        function = {"name": self.tool_name, "arguments": arguments}
+        return [{"id": self.call_id, "type": "function", "function": function}]
 
 
 @dataclass(frozen=True, slots=True)

@@ -37,6 +37,7 @@ class LoadSignals:
     generation_tokens_per_s: float | None = None  # rate of that counter between the last two scrapes
     slots_total: int | None = None  # llama.cpp parallel slots
     slots_busy: int | None = None
+    ttft_mean_s: float | None = None  # the server's own time-to-first-token histogram, mean since start
 
 
 class SignalSink(Protocol):
@@ -60,6 +61,15 @@ _LLAMACPP_STEMS = (
     "llamacpp:requests_deferred",
     "llamacpp:kv_cache_usage_ratio",
     "llamacpp:tokens_predicted",
+)
+
+_SGLANG_STEMS = (
+    "sglang:num_running_reqs",
+    "sglang:num_queue_reqs",
+    "sglang:token_usage",
+    "sglang:gen_throughput",
+    "sglang:time_to_first_token_seconds_sum",
+    "sglang:time_to_first_token_seconds_count",
 )
 
 
@@ -92,6 +102,22 @@ def parse_llamacpp_metrics(text: str, scraped_at: float, previous: LoadSignals |
         waiting=_sum(samples, "llamacpp:requests_deferred"),
         kv_cache_usage=_share(samples, "llamacpp:kv_cache_usage_ratio"),
         generation_tokens_total=_sum(samples, "llamacpp:tokens_predicted_total"),
+    )
+
+
+def parse_sglang_metrics(text: str, scraped_at: float, previous: LoadSignals | None) -> LoadSignals:
+    """Reads SGLang's ``/metrics`` (``--enable-metrics``): its throughput is a gauge it computes itself,
+    its KV-cache share is ``token_usage``; counts are summed over label sets (tp/dp ranks)."""
+    samples = _finite_samples(text, _SGLANG_STEMS)
+    count = _sum(samples, "sglang:time_to_first_token_seconds_count")
+    ttft_sum = _sum(samples, "sglang:time_to_first_token_seconds_sum")
+    return LoadSignals(
+        scraped_at=scraped_at,
+        running=_sum(samples, "sglang:num_running_reqs"),
+        waiting=_sum(samples, "sglang:num_queue_reqs"),
+        kv_cache_usage=_share(samples, "sglang:token_usage"),
+        generation_tokens_per_s=_sum(samples, "sglang:gen_throughput"),
+        ttft_mean_s=ttft_sum / count if count and ttft_sum is not None else None,
     )
 
 
@@ -364,6 +390,11 @@ class SignalScraper:
 
 
 def _parse_metrics(dialect: str, text: str, now: float, previous: LoadSignals | None) -> LoadSignals:
+    if dialect == "sglang" or (dialect == "openai" and "sglang:" in text):
+        load = parse_sglang_metrics(text, now, previous)
+        if (load.running, load.waiting, load.kv_cache_usage) == (None,) * 3:
+            raise ValueError("no known load metric in the answer")
+        return load
     # Dialects without load metrics of their own (a plain OpenAI-compatible server) are sniffed.
     llamacpp = dialect == "llamacpp" or (dialect != "vllm" and "llamacpp:" in text)
     load = (parse_llamacpp_metrics if llamacpp else parse_vllm_metrics)(text, now, previous)

@@ -151,6 +151,8 @@ def _compile_backend(
         url = getattr(backend.signals, field)
         if url is not None and not url.startswith(("http://", "https://")):
             raise _BackendProblem(("signals", field), "Input should be an http:// or https:// URL")
+    if backend.dialect == "litellm":
+        _require_litellm(("dialect",))
     token_prices, pool_price, price_source = _prices(backend.pricing)
     _probe_cost(token_prices, pool_price)
     return CompiledBackend(
@@ -193,11 +195,20 @@ def _prices(pricing: schema.Pricing) -> tuple[TokenPrices | None, PoolPrice | No
     return None, PoolPrice(g.usd_per_hour, g.accounting, g.assumed_tokens_per_s), "gpu_hours"
 
 
+def _require_litellm(loc: Loc) -> Any:
+    """litellm, imported for a policy that uses it; a missing or broken install is a one-line problem."""
+    from gateway.backends.via_litellm import import_litellm
+
+    try:
+        return import_litellm()
+    except RuntimeError as exc:
+        raise _BackendProblem(loc, str(exc)) from None
+
+
 def _litellm_prices(model: str) -> TokenPrices:
     """Per-token prices from litellm's bundled price map, read offline (litellm is imported only here)."""
     loc = ("pricing", "litellm", "model")
-    os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
-    import litellm  # heavy: imported only for policies that ask for it
+    litellm = _require_litellm(loc)
 
     table: Mapping[str, Any] = litellm.model_cost
     entry = table.get(model) if model != "sample_spec" else None  # sample_spec documents the format

@@ -11,7 +11,7 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-Dialect = Literal["vllm", "llamacpp", "openai"]
+Dialect = Literal["vllm", "llamacpp", "openai", "sglang", "litellm"]
 Thinking = Literal["none", "optional", "mandatory"]
 Objective = Literal["lowest_cost", "lowest_ttft", "highest_throughput"]
 WhenInfeasible = Literal["fastest", "cheapest", "reject"]

@@ -181,6 +181,8 @@ ERROR_SHAPES: dict[str, Any] = {
     "b300-vllm": lambda e: e["code"] == 400 and e["type"] == "BadRequestError" and "param" in e,
     "a100-llamacpp": lambda e: e["code"] == 400 and e["type"] == "invalid_request_error",
     "paid-api": lambda e: e["type"] == "invalid_request_error" and "param" in e and "code" in e,
+    "anthropic-api": lambda e: e["type"] == "invalid_request_error" and set(e) == {"type", "message"},
+    "h200-sglang": lambda e: e["type"] == "invalid_request_error" and "param" in e and "code" in e,
 }
 
 

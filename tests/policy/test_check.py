@@ -25,7 +25,7 @@ def test_valid_policy_prints_the_compiled_routes(monkeypatch: pytest.MonkeyPatch
     monkeypatch.setenv("PAID_API_KEY", "sk-test")
     status, output = run_check(DEFAULT)
     assert status == 0
-    assert output.startswith(f"{DEFAULT}: valid (3 backends, 3 routes, sha256 ")
+    assert output.startswith(f"{DEFAULT}: valid (3 backends, 4 routes, sha256 ")
     lines = output.splitlines()
     route = lines.index("route kimi-k3: Interactive chat; the cheapest backend predicted to meet the SLO")
     assert lines[route + 1 : route + 7] == [

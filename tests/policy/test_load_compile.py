@@ -193,7 +193,7 @@ def test_shipped_policies_load(path: Path) -> None:
 def test_default_policy_is_the_three_tier_kimi_setup() -> None:
     root = Path(__file__).resolve().parents[2]
     policy = load_policy(root / "policies" / "default.yaml", environ={"PAID_API_KEY": "k"})
-    assert list(policy.routes) == ["kimi-k3", "kimi-k3-batch", "kimi-k3-fast"]
+    assert list(policy.routes) == ["kimi-k3", "kimi-k3-batch", "kimi-k3-fast", "embeddings"]
     assert policy.routes["kimi-k3"].backends == ("b300-vllm", "a100-llamacpp", "paid-api")
     assert [b.base_url for b in policy.backends.values()] == [
         "http://127.0.0.1:8101/v1",

@@ -63,7 +63,8 @@ routes:
       min_decode_tokens_per_s: fast
 """
     assert problems(text) == [
-        "policies/x.yaml:3:5 backends.pool.dialect: Input should be 'vllm', 'llamacpp' or 'openai'",
+        "policies/x.yaml:3:5 backends.pool.dialect: "
+        "Input should be 'vllm', 'llamacpp', 'openai', 'sglang' or 'litellm'",
         "policies/x.yaml:6:5 backends.pool.max_concurrency: Input should be a valid integer",
         "policies/x.yaml:10:9 backends.pool.pricing.per_token.output_usd_per_mtok: "
         "Input should be greater than or equal to 0",

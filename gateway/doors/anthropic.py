@@ -1,0 +1,254 @@
+"""The Anthropic Messages door, POST /v1/messages: a Messages request becomes a chat-completions payload,
+and a chat completion becomes a Message (thinking, text and tool_use blocks, stop_reason, usage).
+
+The pure translations (``chat_payload``, ``message_of``) are shared with the emulator's ``anthropic``
+profile; the stream translator lives in ``anthropic_stream``.
+"""
+
+from __future__ import annotations
+
+import secrets
+from typing import TYPE_CHECKING, Any
+
+import orjson
+from starlette.responses import Response
+
+from gateway.doors.openai import json_object, route_of
+from gateway.doors.sse import chat_usage, reasoning_of
+from gateway.errors import GatewayError, InvalidRequest
+from gateway.policy.compiled import CompiledPolicy
+from gateway.request.dialect import estimate_tokens, prompt_chars
+
+if TYPE_CHECKING:
+    from gateway.doors import StreamTranslator
+    from gateway.request.exchange import ClientRequest, Exchange
+
+STOP_REASONS = {"stop": "end_turn", "length": "max_tokens", "tool_calls": "tool_use",
+                "function_call": "tool_use", "content_filter": "refusal"}  # fmt: skip
+ERROR_TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
+               404: "not_found_error", 413: "request_too_large", 422: "invalid_request_error",
+               429: "rate_limit_error", 503: "overloaded_error", 529: "overloaded_error"}  # fmt: skip
+# Messages fields with a chat-completions name of their own; the rest of theirs has no equivalent.
+RENAMED = {"stop_sequences": "stop", "temperature": "temperature", "top_p": "top_p"}
+
+
+class AnthropicDoor:
+    name = "messages"
+    upstream_path = "/chat/completions"
+
+    def parse(self, body: bytes, policy: CompiledPolicy, chars_per_token: float) -> ClientRequest:
+        from gateway.request.exchange import ClientRequest
+
+        request = json_object(body)
+        route = route_of(request.get("model"), policy)
+        payload = chat_payload(request)
+        chars = prompt_chars(payload)
+        return ClientRequest(
+            payload=payload,
+            route=route,
+            stream=payload["stream"],
+            wants_usage=True,  # message_delta carries the usage: the meter must pass it on
+            prompt_chars=chars,
+            prompt_tokens=estimate_tokens(chars, chars_per_token),
+            max_tokens=payload["max_tokens"],
+        )
+
+    def render_answer(self, raw: bytes, exchange: Exchange) -> bytes:
+        assert exchange.client is not None
+        return orjson.dumps(message_of(orjson.loads(raw), exchange.client.route.name))
+
+    def stream_translator(self, exchange: Exchange) -> StreamTranslator:
+        from gateway.doors.anthropic_stream import MessagesStream
+
+        assert exchange.client is not None
+        client = exchange.client
+        return MessagesStream(client.route.name, client.prompt_tokens, exchange.request_id)
+
+    def error_response(self, error: GatewayError) -> Response:
+        return Response(
+            error_body(error.status, error.message),
+            status_code=error.status,
+            headers=error.headers(),
+            media_type="application/json",
+        )
+
+
+def error_body(status: int, message: str) -> bytes:
+    kind = ERROR_TYPES.get(status, "api_error")
+    return orjson.dumps({"type": "error", "error": {"type": kind, "message": message}})
+
+
+# -- Messages request -> chat payload --------------------------------------------------------------------
+
+
+def chat_payload(request: dict[str, Any]) -> dict[str, Any]:
+    """The chat-completions payload of a Messages request; InvalidRequest names what is wrong."""
+    max_tokens = request.get("max_tokens")
+    if not isinstance(max_tokens, int) or isinstance(max_tokens, bool) or max_tokens < 1:
+        raise InvalidRequest("max_tokens: Field required (a positive integer)", param="max_tokens")
+    stream = request.get("stream", False)
+    if not isinstance(stream, bool):
+        raise InvalidRequest("stream: must be a boolean", param="stream")
+    messages = request.get("messages")
+    if not isinstance(messages, list) or not messages:
+        raise InvalidRequest("messages: must be a non-empty array", param="messages")
+    chat: list[dict[str, Any]] = []
+    system = request.get("system")
+    if system:
+        chat.append({"role": "system", "content": _text_of(system, "system")})
+    for n, message in enumerate(messages):
+        chat.extend(_chat_messages(message, f"messages.{n}"))
+    payload: dict[str, Any] = {"model": request["model"], "messages": chat, "max_tokens": max_tokens}
+    payload["stream"] = stream
+    for theirs, ours in RENAMED.items():
+        if request.get(theirs) is not None:
+            payload[ours] = request[theirs]
+    tools = request.get("tools")
+    if tools:
+        payload["tools"] = [_chat_tool(tool, f"tools.{n}") for n, tool in enumerate(tools)]
+    choice = request.get("tool_choice")
+    if isinstance(choice, dict):
+        payload["tool_choice"] = _chat_tool_choice(choice)
+        if choice.get("disable_parallel_tool_use"):
+            payload["parallel_tool_calls"] = False
+    metadata = request.get("metadata")
+    if isinstance(metadata, dict) and isinstance(metadata.get("user_id"), str):
+        payload["user"] = metadata["user_id"]
+    return payload
+
+
+def _chat_messages(message: Any, where: str) -> list[dict[str, Any]]:
+    if not isinstance(message, dict) or message.get("role") not in ("user", "assistant"):
+        raise InvalidRequest(f"{where}.role: must be 'user' or 'assistant'", param=where)
+    role, content = message["role"], message.get("content")
+    if isinstance(content, str):
+        return [{"role": role, "content": content}]
+    if not isinstance(content, list):
+        raise InvalidRequest(f"{where}.content: must be a string or an array of blocks", param=where)
+    parts: list[dict[str, Any]] = []
+    tool_calls: list[dict[str, Any]] = []
+    results: list[dict[str, Any]] = []
+    for n, block in enumerate(content):
+        kind = block.get("type") if isinstance(block, dict) else None
+        if kind == "text":
+            parts.append({"type": "text", "text": block.get("text", "")})
+        elif kind == "image":
+            parts.append({"type": "image_url", "image_url": {"url": _image_url(block.get("source"))}})
+        elif kind == "tool_use" and role == "assistant":
+            arguments = orjson.dumps(block.get("input") or {}).decode()
+            call = {"id": block.get("id"), "type": "function", "function": {"name": block.get("name")}}
+            call["function"]["arguments"] = arguments
+            tool_calls.append(call)
+        elif kind == "tool_result" and role == "user":
+            text = _text_of(block.get("content") or "", f"{where}.content.{n}.content")
+            results.append({"role": "tool", "tool_call_id": block.get("tool_use_id"), "content": text})
+        elif kind in ("thinking", "redacted_thinking"):
+            continue  # the model's own earlier thinking: not sent back upstream
+        else:
+            raise InvalidRequest(f"{where}.content.{n}: unsupported block type {kind!r}", param=where)
+    out: list[dict[str, Any]] = list(results)  # tool results answer the previous assistant turn first
+    if parts or tool_calls:
+        text_only = all(part["type"] == "text" for part in parts)
+        body: Any = "".join(part["text"] for part in parts) if text_only else parts
+        chat: dict[str, Any] = {"role": role, "content": body if parts else None}
+        if tool_calls:
+            chat["tool_calls"] = tool_calls
+        out.append(chat)
+    return out
+
+
+def _text_of(value: Any, where: str) -> str:
+    if isinstance(value, str):
+        return value
+    if isinstance(value, list):
+        return "".join(b.get("text", "") for b in value if isinstance(b, dict) and b.get("type") == "text")
+    raise InvalidRequest(f"{where}: must be a string or an array of text blocks", param=where)
+
+
+def _image_url(source: Any) -> str:
+    if isinstance(source, dict) and source.get("type") == "base64":
+        return f"data:{source.get('media_type')};base64,{source.get('data')}"
+    if isinstance(source, dict) and source.get("type") == "url":
+        return str(source.get("url"))
+    raise InvalidRequest("image.source: must be a base64 or url source", param="messages")
+
+
+def _chat_tool(tool: Any, where: str) -> dict[str, Any]:
+    if not isinstance(tool, dict) or not isinstance(tool.get("name"), str):
+        raise InvalidRequest(f"{where}.name: required", param=where)
+    function: dict[str, Any] = {"name": tool["name"], "parameters": tool.get("input_schema") or {}}
+    if tool.get("description"):
+        function["description"] = tool["description"]
+    return {"type": "function", "function": function}
+
+
+def _chat_tool_choice(choice: dict[str, Any]) -> Any:
+    kind = choice.get("type")
+    if kind == "tool":
+        return {"type": "function", "function": {"name": choice.get("name")}}
+    return {"any": "required", "none": "none"}.get(str(kind), "auto")
+
+
+# -- chat completion -> Message ---------------------------------------------------------------------------
+
+
+def message_of(completion: Any, model: str) -> dict[str, Any]:
+    """A whole chat completion as an Anthropic Message named after the client's ``model``."""
+    choice = (completion.get("choices") or [{}])[0] if isinstance(completion, dict) else {}
+    message = choice.get("message") or {}
+    content: list[dict[str, Any]] = []
+    thinking = reasoning_of(message)
+    if thinking:
+        content.append({"type": "thinking", "thinking": thinking, "signature": ""})
+    if message.get("content"):
+        content.append({"type": "text", "text": message["content"]})
+    for call in message.get("tool_calls") or []:
+        function = call.get("function") or {}
+        arguments = _json_input(function.get("arguments"))
+        block = {"type": "tool_use", "id": call.get("id") or tool_use_id(), "name": function.get("name")}
+        content.append({**block, "input": arguments})
+    return {
+        "id": message_id(completion.get("id")),
+        "type": "message",
+        "role": "assistant",
+        "model": model,
+        "content": content,
+        "stop_reason": STOP_REASONS.get(str(choice.get("finish_reason")), "end_turn"),
+        "stop_sequence": None,
+        "usage": usage_of(completion.get("usage")),
+    }
+
+
+def usage_of(usage: Any) -> dict[str, Any]:
+    """Anthropic usage: input_tokens excludes cache reads; output_tokens includes thinking (once)."""
+    prompt, cached, completion, reasoning = chat_usage(usage)
+    return {
+        "input_tokens": prompt - cached,
+        "cache_creation_input_tokens": 0,
+        "cache_read_input_tokens": cached,
+        "output_tokens": completion,
+        "output_tokens_details": {"thinking_tokens": reasoning},
+    }
+
+
+def message_id(upstream_id: Any) -> str:
+    return (
+        f"msg_{upstream_id}"
+        if isinstance(upstream_id, str) and upstream_id
+        else f"msg_{secrets.token_hex(12)}"
+    )
+
+
+def tool_use_id() -> str:
+    return f"toolu_{secrets.token_hex(12)}"
+
+
+def _json_input(arguments: Any) -> Any:
+    try:
+        value = orjson.loads(arguments or "{}")
+    except orjson.JSONDecodeError:
+        return {"_raw_arguments": arguments}
+    return value if isinstance(value, dict) else {"value": value}
+
+
+MESSAGES = AnthropicDoor()
