@@ -237,12 +237,18 @@ class Runtime:
         object; the attempt keeps that price, so the ledger says the same."""
         observation = exchange.observation
         assert observation is not None
-        self._price(exchange, attempt, usage)
+        self._price(exchange, attempt, usage, streaming=True)
         return (observation.cost_usd or 0.0) + (attempt.cost_usd or 0.0), attempt.cost_basis
 
-    def _price(self, exchange: Exchange, attempt: Attempt, usage: Usage) -> None:
+    def _price(self, exchange: Exchange, attempt: Attempt, usage: Usage, *, streaming: bool = False) -> None:
         backend = exchange.policy.backends[attempt.backend]
-        cost = attempt_cost(backend, usage, self.stats.view(attempt.backend).aggregate_tokens_per_s)
+        throughput = self.stats.view(attempt.backend).aggregate_tokens_per_s
+        if throughput is None and streaming and attempt.ttft_s is not None and usage.completion_tokens > 1:
+            # Priced before the attempt has fed the stats (the client's usage chunk): a pool nothing
+            # has measured yet is priced at this stream's own decode speed, as the stats would have it.
+            decoding = self.clock() - attempt.started_at - attempt.ttft_s
+            throughput = (usage.completion_tokens - 1) / decoding if decoding > 0 else None
+        cost = attempt_cost(backend, usage, throughput)
         attempt.cost_usd, attempt.cost_basis = cost.usd, cost.basis
 
     def error_returned(self, error: GatewayError) -> None:
