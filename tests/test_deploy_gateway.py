@@ -659,3 +659,12 @@ def test_the_deployments_command_refuses_to_serve_without_its_keys_secret(k8s: l
     )
     assert done.returncode == 2, done.stderr
     assert "refusing to listen on 0.0.0.0 with no API keys" in done.stderr
+
+
+def test_the_grace_period_ends_streams_before_the_kubelet_kills_the_pod(k8s: list[dict[str, Any]]) -> None:
+    deployment = gateway_deployment(k8s)
+    pre_stop = main_container(deployment)["lifecycle"]["preStop"]["exec"]["command"]
+    assert pre_stop[0] == "sleep"
+    budget = pod_spec(deployment)["terminationGracePeriodSeconds"] - float(pre_stop[1])
+    # The drain's grace, then SETTLE_S for the error events, then the ledger's close, all before SIGKILL.
+    assert 0 < serve_args(deployment).grace_s + 5 + 10 <= budget

@@ -17,6 +17,7 @@ import orjson
 from gateway.backends import UpstreamCall
 from gateway.errors import AttemptFailure, error_bytes
 from gateway.request.dialect import REASONING_FIELDS, counted_usage, insert_usage_cost, usage_from
+from gateway.request.drain import SHUTDOWN_CODE, SHUTDOWN_MESSAGE
 from gateway.request.observation import Attempt, Usage
 from gateway.request.resume import resume_stream
 
@@ -258,6 +259,8 @@ class StreamRelay:
 
     async def __call__(self, scope: Any, receive: Receive, send: Send) -> None:
         exchange = self._exchange
+        drain = exchange.runtime.drain  # a graceful stop waits for open streams, then ends them
+        drain.opened(exchange)
         try:
             await send({"type": "http.response.start", "status": 200, "headers": self._headers})
             await send({"type": "http.response.body", "body": self._first, "more_body": True})
@@ -267,6 +270,7 @@ class StreamRelay:
                 raise
             self._attempt.status = "cancelled"  # the client went away: a normal end, not an error
         finally:
+            drain.closed(exchange)
             if self._attempt.finished_at is None:
                 self._meter.finish(exchange.runtime.clock())
             exchange.settle()  # closes the upstream: reused when read to its end, else cut
@@ -279,10 +283,15 @@ class StreamRelay:
             self._attempt.status = "timeout" if failure.kind == "timeout" else "dropped"
             self._attempt.error = failure.message
             resumed = None
-            if self._meter.transcript is not None:
+            stopping = self._exchange.runtime.drain.ended  # the gateway ended it: no resuming elsewhere
+            if self._meter.transcript is not None and not stopping:
                 resumed = await resume_stream(self._exchange, self._meter, failure)
+            if stopping:
+                failure = AttemptFailure("dropped", SHUTDOWN_MESSAGE)
+                code = SHUTDOWN_CODE
             if resumed is None:
-                code = "upstream_timeout" if failure.kind == "timeout" else "upstream_stream_broken"
+                if not stopping:
+                    code = "upstream_timeout" if failure.kind == "timeout" else "upstream_stream_broken"
                 translator = self._translator
                 event = (
                     error_event(failure.message, code)
