@@ -32,6 +32,9 @@ Send = Callable[[dict[str, Any]], Awaitable[None]]
 Receive = Callable[[], Awaitable[MutableMapping[str, Any]]]
 
 
+CORRUPT = "the stream carried an event that is not JSON"
+
+
 class StreamMeter:
     """Splits a byte stream into SSE events, notes first-token times, counts chunks, keeps usage."""
 
@@ -42,6 +45,7 @@ class StreamMeter:
         "_sep",
         "_tail",
         "answer_chunks",
+        "corrupt",
         "done",
         "final_usage",
         "reasoning_chunks",
@@ -69,6 +73,7 @@ class StreamMeter:
         self.reasoning_chunks = 0
         self.usage_obj: Any = None
         self.done = False
+        self.corrupt = False  # an event no client can read came by: the stream is broken there
         self.final_usage = False  # the usage-only chunk for the client went by: it gets the cost
         self.upstream_error: Any = None
 
@@ -80,8 +85,15 @@ class StreamMeter:
         """Take bytes from the network; return the complete events to forward now."""
         buf = self._tail + data if self._tail else data
         if not self._sep:
-            # sse-starlette (llama-cpp-python) ends lines with CRLF, vLLM and llama-server with LF.
-            self._sep = b"\r\n\r\n" if b"\r\n" in buf else b"\n\n"
+            # sse-starlette (llama-cpp-python) ends lines with CRLF, vLLM and llama-server with LF. Told
+            # apart by the first event's end: a CR elsewhere (in garbage) must not make LF events one.
+            if b"\n\n" in buf:
+                self._sep = b"\n\n"
+            elif b"\r\n\r\n" in buf:
+                self._sep = b"\r\n\r\n"
+            else:
+                self._tail = buf
+                return b""
         sep = self._sep
         cut = buf.rfind(sep)
         if cut < 0:
@@ -98,6 +110,9 @@ class StreamMeter:
                 kept.append(event)
             else:
                 dropped = True
+                if self.corrupt:  # nothing after it is forwarded; the relay ends the stream here
+                    self._tail = b""
+                    break
         if not dropped:
             return complete
         return b"".join(event + sep for event in kept)
@@ -113,7 +128,9 @@ class StreamMeter:
         try:
             obj = orjson.loads(payload)
         except orjson.JSONDecodeError:
-            return True
+            # No OpenAI client can read it (the SDKs raise on it): a corrupt stream, not an event.
+            self.corrupt = True
+            return False
         if not isinstance(obj, dict):
             return True
         usage = obj.get("usage")
@@ -213,6 +230,8 @@ async def first_events(
                         "dropped", f"{call.backend.name}: stream ended before its first event"
                     )
                 first = meter.feed(data, clock())
+                if meter.corrupt:
+                    raise AttemptFailure("dropped", f"{call.backend.name}: {CORRUPT}")
     except TimeoutError:
         raise AttemptFailure("timeout", f"{call.backend.name}: no first token in {call.wait_s:g}s") from None
     return first
@@ -327,6 +346,8 @@ class StreamRelay:
                         out = insert_usage_cost(out, cost, basis)
                     if out:
                         await self._send_events(send, out)
+                    if meter.corrupt:
+                        raise AttemptFailure("dropped", f"{self._attempt.backend}: {CORRUPT}")
                     if meter.saw_done():
                         break
             if not meter.saw_done():
