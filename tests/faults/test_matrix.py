@@ -18,7 +18,7 @@ import httpx
 import pytest
 
 from tests.conftest import Gateway, Upstreams, running_gateway
-from tests.faults.upstream import FRAMES_BEFORE_FAULT, FaultyUpstream, faulty_upstream
+from tests.faults.upstream import FRAMES_BEFORE_FAULT, RETRY_AFTER_S, FaultyUpstream, faulty_upstream
 from tests.servers import free_port
 
 FALLBACK, MID_STREAM = "fallback", "error event"
@@ -190,3 +190,29 @@ def ask_and_check(gateway: Gateway, case: Case) -> None:
     assert tasks <= baseline_tasks, f"{tasks - baseline_tasks} tasks left behind"
     assert not runtime.drain.streams
     assert reserved_usd(gateway) == pytest.approx(0.0, abs=1e-12)
+
+
+def test_429_on_the_only_backend_passes_its_retry_after_on(
+    raw_upstream: FaultyUpstream, tmp_path: Path
+) -> None:
+    """With nowhere to fall back, the client's error carries the upstream's Retry-After, and the
+    request is still settled: its ledger row, no reservation left."""
+    raw_upstream.mode = "http_429"
+    path = tmp_path / "policy.yaml"
+    path.write_text(
+        policy(raw_upstream.url, "vllm", raw_upstream.url).replace(
+            "backends: [faulty, good]", "backends: [faulty]"
+        )
+    )
+    try:
+        with running_gateway(path) as gateway:
+            baseline_tasks = tasks_in(gateway)
+            response, body = ask(gateway, stream=True)
+            assert response.status_code in (429, 502, 503), body
+            assert response.headers.get("retry-after") == RETRY_AFTER_S, dict(response.headers)
+            assert response.json()["error"]["type"], body
+            tasks, written = settled(gateway, baseline_tasks, rows=1)
+            assert written == 1 and tasks <= baseline_tasks
+            assert reserved_usd(gateway) == pytest.approx(0.0, abs=1e-12)
+    finally:
+        raw_upstream.mode = "ok"
