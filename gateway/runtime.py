@@ -39,6 +39,7 @@ from gateway.money.spend import SpendTally, seed_tally
 from gateway.policy.compiled import CompiledPolicy, CompiledRoute
 from gateway.policy.decide import Decision, DecisionMemo, RequestFeatures, decide
 from gateway.request.auth import ApiKey, AuthenticationFailed, PermissionDenied, authenticate
+from gateway.request.drain import Drain
 from gateway.request.exchange import Exchange
 from gateway.request.observation import Attempt, Observation, Usage
 from gateway.store import open_store
@@ -128,6 +129,7 @@ class Runtime:
         )
         # Called with each settled request, after the ledger and metrics (the demo prints a line).
         self.request_listeners: list[Callable[[Observation], None]] = []
+        self.drain = Drain()  # a graceful stop in progress (``gateway serve`` on SIGTERM)
 
     @property
     def policy(self) -> CompiledPolicy:
@@ -177,7 +179,10 @@ class Runtime:
         if self.fleet is not None:
             store["fleet"] = self.fleet.report()
         return {
-            "ready": any(state == "ok" for state in backends.values()) and self.store.health.serving,
+            "ready": any(state == "ok" for state in backends.values())
+            and self.store.health.serving
+            and not self.drain.draining,
+            "draining": self.drain.draining,
             "pid": os.getpid(),  # which worker answered, with ``serve --workers``
             "policy": {"source": policy.source, "digest": policy.digest[:12]},
             "backends": backends,
