@@ -93,6 +93,14 @@ def build_parser() -> argparse.ArgumentParser:
         "--open", action="store_true", help="serve without API keys even on a non-loopback address (unsafe)"
     )
     serve.add_argument(
+        "--grace-s",
+        type=float,
+        default=30.0,
+        metavar="SECONDS",
+        help="on SIGTERM, how long open streams may run on after /ready starts failing (default 30); "
+        "streams still open then end with an SSE error event",
+    )
+    serve.add_argument(
         "--ledger",
         default=None,
         help=f"a SQLite file or a postgresql:// URL (default: ${LEDGER_ENV}, else the policy's ledger.url, "
@@ -283,6 +291,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         redis_url=args.redis_url or os.environ.get("GATEWAY_REDIS_URL") or None,
         workers=max(1, args.workers),
         metrics_port=args.metrics_port,
+        grace_s=max(0.0, args.grace_s),
     )
 
 

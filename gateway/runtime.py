@@ -41,6 +41,7 @@ from gateway.money.spend import SpendTally, seed_tally
 from gateway.policy.compiled import CompiledPolicy, CompiledRoute
 from gateway.policy.decide import Decision, DecisionMemo, RequestFeatures, decide
 from gateway.request.auth import ApiKey, AuthenticationFailed, PermissionDenied, authenticate
+from gateway.request.drain import Drain
 from gateway.request.exchange import Exchange
 from gateway.request.observation import Attempt, Observation, Usage
 from gateway.request.waiting import WaitingRoom, retry_after_seconds
@@ -134,6 +135,7 @@ class Runtime:
         self.metrics.registry.register(RoutingCollector(self))
         # Called with each settled request, after the ledger and metrics (the demo prints a line).
         self.request_listeners: list[Callable[[Observation], None]] = []
+        self.drain = Drain()  # a graceful stop in progress (``gateway serve`` on SIGTERM)
 
     @property
     def policy(self) -> CompiledPolicy:
@@ -187,7 +189,10 @@ class Runtime:
         if self.fleet is not None:
             store["fleet"] = self.fleet.report()
         return {
-            "ready": any(state == "ok" for state in backends.values()) and self.store.health.serving,
+            "ready": any(state == "ok" for state in backends.values())
+            and self.store.health.serving
+            and not self.drain.draining,
+            "draining": self.drain.draining,
             "pid": os.getpid(),  # which worker answered, with ``serve --workers``
             "policy": {"source": policy.source, "digest": policy.digest[:12]},
             "backends": backends,
@@ -252,13 +257,19 @@ class Runtime:
         object; the attempt keeps that price, so the ledger says the same."""
         observation = exchange.observation
         assert observation is not None
-        self._price(exchange, attempt, usage)
+        self._price(exchange, attempt, usage, streaming=True)
         return (observation.cost_usd or 0.0) + (attempt.cost_usd or 0.0), attempt.cost_basis
 
-    def _price(self, exchange: Exchange, attempt: Attempt, usage: Usage) -> None:
+    def _price(self, exchange: Exchange, attempt: Attempt, usage: Usage, *, streaming: bool = False) -> None:
         backend = exchange.policy.backends[attempt.backend]
         view = self.stats.view(attempt.backend)
-        cost = attempt_cost(backend, usage, view.aggregate_tokens_per_s, view.prefill_tokens_per_s)
+        throughput = view.aggregate_tokens_per_s
+        if throughput is None and streaming and attempt.ttft_s is not None and usage.completion_tokens > 1:
+            # Priced before the attempt has fed the stats (the client's usage chunk): a pool nothing
+            # has measured yet is priced at this stream's own decode speed, as the stats would have it.
+            decoding = self.clock() - attempt.started_at - attempt.ttft_s
+            throughput = (usage.completion_tokens - 1) / decoding if decoding > 0 else None
+        cost = attempt_cost(backend, usage, throughput, view.prefill_tokens_per_s)
         attempt.cost_usd, attempt.cost_basis = cost.usd, cost.basis
         attempt.prefill_cost_usd = cost.prefill_usd if backend.pool_price is not None else None
 

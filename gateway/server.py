@@ -4,6 +4,7 @@ or in several worker processes on one port (``--workers``; Prometheus metrics me
 
 from __future__ import annotations
 
+import asyncio
 import ipaddress
 import json
 import logging
@@ -33,6 +34,7 @@ from gateway.store import STORES
 log = logging.getLogger("gateway")
 WORKER_CONFIG_ENV = "GATEWAY_WORKER_CONFIG"  # how the parent configures each worker process
 METRICS_DIR_ENV = "PROMETHEUS_MULTIPROC_DIR"
+DEFAULT_GRACE_S = 30.0  # how long SIGTERM lets open streams run on (``serve --grace-s``)
 
 
 def serve(
@@ -47,6 +49,7 @@ def serve(
     workers: int = 1,
     metrics_port: int | None = None,
     request_listener: Callable[[Observation], None] | None = None,
+    grace_s: float = DEFAULT_GRACE_S,
 ) -> int:
     try:
         holder = PolicyHolder(policy_path)
@@ -128,7 +131,7 @@ def serve(
         if metrics_port is not None:
             log.info("metrics on http://%s:%d/metrics", shown, metrics_port)
 
-    server = AnnouncingServer(config, announce)
+    server = AnnouncingServer(config, announce, grace_s=grace_s)
     # uvicorn shuts down gracefully on SIGTERM, then re-raises the signal with the handler that was
     # there before it: make that a clean exit, so callers' cleanup (the demo's children) still runs.
     signal.signal(signal.SIGTERM, _exit_cleanly)
@@ -163,16 +166,40 @@ def bind_listener(host: str, port: int, flag: str = "--port") -> socket.socket:
 
 
 class AnnouncingServer(uvicorn.Server):
-    """uvicorn's server that says "serving" only once the app has started and the sockets listen."""
+    """uvicorn's server that says "serving" only once the app has started and the sockets listen, and
+    stops gracefully: the first SIGTERM drains (``gateway.request.drain``) before uvicorn's own
+    shutdown begins; a second one stops at once."""
 
-    def __init__(self, config: uvicorn.Config, announce: Callable[[], None]) -> None:
+    def __init__(self, config: uvicorn.Config, announce: Callable[[], None], *, grace_s: float = 0.0) -> None:
         super().__init__(config)
         self._announce = announce
+        self._grace_s = grace_s
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._draining: asyncio.Task[None] | None = None
 
     async def startup(self, sockets: list[socket.socket] | None = None) -> None:
+        self._loop = asyncio.get_running_loop()
         await super().startup(sockets=sockets)
         if self.started and not self.should_exit:
             self._announce()
+
+    def handle_exit(self, sig: int, frame: FrameType | None) -> None:
+        state = getattr(self.config.app, "state", None)  # the GatewayApp given, unwrapped
+        runtime = getattr(state, "runtime", None)
+        if self._draining is not None or self._loop is None or not isinstance(runtime, Runtime):
+            super().handle_exit(sig, frame)  # a second signal, or nothing to drain yet
+            return
+        runtime.drain.draining = True  # /ready fails from this instant, before the loop even runs
+        self._loop.call_soon_threadsafe(self._begin_drain, runtime)
+
+    def _begin_drain(self, runtime: Runtime) -> None:
+        async def drain_then_exit() -> None:
+            try:
+                await runtime.drain.run(self._grace_s)
+            finally:
+                self.should_exit = True  # uvicorn closes the listeners, then the app: the ledger flushes
+
+        self._draining = asyncio.get_running_loop().create_task(drain_then_exit())
 
 
 def _serve_workers(

@@ -48,6 +48,7 @@ KUSTOMIZATION = K8S / "Kustomization"
 REAL_POOLS = ROOT / "policies" / "real-pools.yaml"
 KUBERNETES_VERSION = "1.33"  # the schemas bundled in kubernetes-validate: offline
 NAMESPACE = "llm-gateway"
+SERVE_ENV = {**os.environ, "LITELLM_LOCAL_MODEL_COST_MAP": "True", "MOONSHOT_API_KEY": ""}
 TIME_SCALE = 0.02  # the emulators of the end-to-end check run fifty times faster than the published figures
 ENDPOINTS = {r.path for r in (*admin.routes, *dashboard.routes) if isinstance(r, Route | Mount)}
 
@@ -611,96 +612,14 @@ def test_the_gateway_listens_on_the_pod_network_only_behind_a_network_policy(
     args = serve_args(deployment)
     ports = {p["name"]: p["containerPort"] for p in main_container(deployment)["ports"]}
     assert args.host == "0.0.0.0" and ports["http"] == args.port
-    policy = load_policy(REAL_POOLS, environ={})
-    assert args.open == (not policy.api_keys), "--open exactly when the policy has no keys"
-    if args.open:
-        pod_labels = deployment["spec"]["template"]["metadata"]["labels"]
-        guards = [
-            n
-            for n in objects(k8s, "NetworkPolicy")
-            if selects(n["spec"]["podSelector"]["matchLabels"], pod_labels)
-        ]
-        rules = [rule for guard in guards for rule in guard["spec"]["ingress"]]
-        assert guards and all(guard["spec"]["policyTypes"] == ["Ingress"] for guard in guards)
-        assert rules and all(rule.get("from") for rule in rules), "no rule admits everyone"
-
-
-def test_the_pods_run_non_root_on_a_read_only_root_with_memory_for_what_they_write(
-    k8s: list[dict[str, Any]], dockerfile: list[Instruction]
-) -> None:
-    deployment = gateway_deployment(k8s)
-    pod, container = pod_spec(deployment)["securityContext"], main_container(deployment)
-    assert pod["runAsNonRoot"] is True and (pod["runAsUser"], pod["runAsGroup"]) == image_user(dockerfile)
-    security = container["securityContext"]
-    assert security["readOnlyRootFilesystem"] is True and security["allowPrivilegeEscalation"] is False
-    assert security["capabilities"]["drop"] == ["ALL"]
-    multiproc = container_env(container)["PROMETHEUS_MULTIPROC_DIR"]["value"]
-    workdir = only(final_stage(dockerfile), "WORKDIR").args  # where the ledger goes
-    for path in ("/tmp", multiproc, workdir):
-        assert "emptyDir" in mounted_volume(deployment, path)[1], f"{path} is not writable"
-    assert mounted_volume(deployment, multiproc)[1]["emptyDir"]["medium"] == "Memory"
-
-
-def test_the_probes_and_scrape_annotations_use_the_gateways_real_endpoints(k8s: list[dict[str, Any]]) -> None:
-    deployment = gateway_deployment(k8s)
-    container = main_container(deployment)
-    assert container["readinessProbe"]["httpGet"] == {"path": "/ready", "port": "http"}
-    assert container["livenessProbe"]["httpGet"] == {"path": "/health", "port": "http"}
-    annotations = deployment["spec"]["template"]["metadata"]["annotations"]
-    assert annotations["prometheus.io/scrape"] == "true"
-    assert annotations["prometheus.io/port"] == str(serve_args(deployment).port)
-    assert {"/ready", "/health", annotations["prometheus.io/path"]} <= ENDPOINTS
-    for bound in ("requests", "limits"):
-        assert {"cpu", "memory"} <= container["resources"][bound].keys(), bound
-
-
-def test_three_replicas_spread_out_and_a_drain_keeps_two(k8s: list[dict[str, Any]]) -> None:
-    deployment = gateway_deployment(k8s)
+    assert not args.open, "the Deployment must not serve without client keys"
     pod_labels = deployment["spec"]["template"]["metadata"]["labels"]
-    assert deployment["spec"]["replicas"] == 3
-    assert selects(deployment["spec"]["selector"]["matchLabels"], pod_labels)
-    spread = pod_spec(deployment)["topologySpreadConstraints"]
-    assert any(c["topologyKey"] == "kubernetes.io/hostname" for c in spread)
-    assert all(selects(c["labelSelector"]["matchLabels"], pod_labels) for c in spread)
-    (budget,) = objects(k8s, "PodDisruptionBudget")
-    assert selects(budget["spec"]["selector"]["matchLabels"], pod_labels)
-    hpa = named(k8s, "HorizontalPodAutoscaler", "llm-gateway")
-    assert 0 < budget["spec"]["minAvailable"] < hpa["spec"]["minReplicas"] <= deployment["spec"]["replicas"]
-
-
-def test_the_autoscaler_scales_the_gateway_on_cpu(k8s: list[dict[str, Any]]) -> None:
-    deployment = gateway_deployment(k8s)
-    (hpa,) = objects(k8s, "HorizontalPodAutoscaler")
-    assert hpa["apiVersion"] == "autoscaling/v2"
-    target = hpa["spec"]["scaleTargetRef"]
-    assert (target["apiVersion"], target["kind"], target["name"]) == (
-        deployment["apiVersion"],
-        deployment["kind"],
-        deployment["metadata"]["name"],
-    )
-    assert hpa["spec"]["minReplicas"] <= deployment["spec"]["replicas"] <= hpa["spec"]["maxReplicas"]
-    (metric,) = hpa["spec"]["metrics"]
-    assert metric["resource"]["name"] == "cpu" and metric["resource"]["target"]["type"] == "Utilization"
-    assert "cpu" in main_container(deployment)["resources"]["requests"], "utilization is of the request"
-
-
-def test_every_service_selects_its_pods_and_their_named_port(k8s: list[dict[str, Any]]) -> None:
-    for service in objects(k8s, "Service"):
-        pods = [
-            d
-            for d in objects(k8s, "Deployment") + objects(k8s, "StatefulSet")
-            if selects(service["spec"]["selector"], d["spec"]["template"]["metadata"]["labels"])
-        ]
-        assert len(pods) == 1, service["metadata"]["name"]
-        port_names = {p["name"] for p in main_container(pods[0])["ports"]}
-        assert {p["targetPort"] for p in service["spec"]["ports"]} <= port_names
-
-
-def test_the_redis_url_names_the_redis_service(k8s: list[dict[str, Any]]) -> None:
-    container = main_container(gateway_deployment(k8s))
-    parts = urlsplit(container_env(container)["GATEWAY_REDIS_URL"]["value"])
-    service = named(k8s, "Service", parts.hostname or "")
-    assert parts.scheme == "redis" and parts.port in {p["port"] for p in service["spec"]["ports"]}
+    guards = [
+        n
+        for n in objects(k8s, "NetworkPolicy")
+        if selects(n["spec"]["podSelector"]["matchLabels"], pod_labels)
+    ]
+    assert guards and all(guard["spec"]["policyTypes"] == ["Ingress"] for guard in guards)
     redis = named(k8s, "Deployment", "redis")
     assert redis["spec"]["replicas"] == 1 and main_container(redis)["image"].startswith("redis:")
 
@@ -715,3 +634,41 @@ def test_paid_backend_keys_come_from_the_secret_template(k8s: list[dict[str, Any
     for name in wanted:
         ref = env[name]["valueFrom"]["secretKeyRef"]
         assert (ref["name"], ref["key"]) == (secret["metadata"]["name"], name)
+
+
+def test_client_keys_come_from_a_secret_the_policy_reads(k8s: list[dict[str, Any]], tmp_path: Path) -> None:
+    deployment = gateway_deployment(k8s)
+    keys_file = PurePosixPath(yaml.safe_load(REAL_POOLS.read_text())["auth"]["keys_file"])
+    mount, volume = mounted_volume(deployment, str(keys_file.parent))
+    assert "subPath" not in mount and mount.get("readOnly") is True, "a rotated Secret must reach the pod"
+    secret = named(k8s, "Secret", volume["secret"]["secretName"])
+    assert volume["secret"].get("optional") is not True, "no Secret, no pod: never an open gateway"
+    template = secret["stringData"][keys_file.name]
+    # The template's file is what auth.keys_file reads: a policy pointing at a copy of it loads.
+    (tmp_path / "keys.yaml").write_text(
+        template.replace("keys: []", "keys:\n  - {name: app, sha256: " + "a" * 64 + "}")
+    )
+    policy_text = REAL_POOLS.read_text().replace(str(keys_file), str(tmp_path / "keys.yaml"))
+    (tmp_path / "policy.yaml").write_text(policy_text)
+    assert [k.name for k in load_policy(tmp_path / "policy.yaml", environ={}).api_keys.values()] == ["app"]
+
+
+def test_the_deployments_command_refuses_to_serve_without_its_keys_secret(k8s: list[dict[str, Any]]) -> None:
+    """Outside the pod the keys file is absent: the Deployment's own command line must then not start."""
+    container = main_container(gateway_deployment(k8s))
+    args = [a.replace("/etc/gateway/policy.yaml", str(REAL_POOLS)) for a in container["args"]]
+    args[args.index("--port") + 1] = "0"
+    done = subprocess.run(
+        [sys.executable, "-m", "gateway", *args], capture_output=True, text=True, timeout=120, env=SERVE_ENV
+    )
+    assert done.returncode == 2, done.stderr
+    assert "refusing to listen on 0.0.0.0 with no API keys" in done.stderr
+
+
+def test_the_grace_period_ends_streams_before_the_kubelet_kills_the_pod(k8s: list[dict[str, Any]]) -> None:
+    deployment = gateway_deployment(k8s)
+    pre_stop = main_container(deployment)["lifecycle"]["preStop"]["exec"]["command"]
+    assert pre_stop[0] == "sleep"
+    budget = pod_spec(deployment)["terminationGracePeriodSeconds"] - float(pre_stop[1])
+    # The drain's grace, then SETTLE_S for the error events, then the ledger's close, all before SIGKILL.
+    assert 0 < serve_args(deployment).grace_s + 5 + 10 <= budget

@@ -102,7 +102,7 @@ class CompiledRoute:
 @dataclass(frozen=True, slots=True)
 class CompiledPolicy:
     source: str  # file path it was loaded from
-    digest: str  # sha256 of the file's bytes, to tell reloads apart
+    digest: str  # sha256 of the file's bytes (and its keys file's), to tell reloads apart
     backends: Mapping[str, CompiledBackend]
     routes: Mapping[str, CompiledRoute]
     max_body_bytes: int
@@ -117,3 +117,4 @@ class CompiledPolicy:
     key_budgets: Mapping[str, Budgets] = field(default_factory=dict)
     store: StoreSettings = field(default_factory=StoreSettings)  # read once at start-up
     tuning: Tuning = field(default_factory=Tuning)
+    keys_file: str | None = None  # auth.keys_file resolved against the policy's directory

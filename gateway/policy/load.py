@@ -65,6 +65,42 @@ def compile_policy_text(text: str, source: str, *, environ: Env = None) -> Compi
     return _compile(text, source, hashlib.sha256(text.encode()).hexdigest(), environ)
 
 
+def keys_file_path(keys_file: str | None, source: str) -> str | None:
+    """Where ``auth.keys_file`` points: as written if absolute, else beside the policy file."""
+    return None if keys_file is None else str(Path(source).parent / keys_file)
+
+
+def read_keys_file(path: str | None) -> bytes | None:
+    """The keys file's bytes; None when the policy names none or it does not exist (no keys from it)."""
+    if path is None:
+        return None
+    try:
+        return Path(path).read_bytes()
+    except FileNotFoundError:
+        return None
+    except OSError as exc:
+        message = f"cannot read auth.keys_file: {exc.strerror or exc}"
+        raise PolicyFileUnreadable([Problem(path, 0, 0, "", message)]) from None
+
+
+def with_keys_digest(policy_digest: str, keys_path: str | None, keys: bytes | None) -> str:
+    """The policy's digest, changed by its keys file's content, so a key rotation is a reload."""
+    if keys_path is None:
+        return policy_digest
+    keys_digest = hashlib.sha256(keys or b"").hexdigest() if keys is not None else "absent"
+    return hashlib.sha256(f"{policy_digest}:{keys_digest}".encode()).hexdigest()
+
+
+def _keys_from_file(path: str | None, data: bytes | None) -> list[schema.ApiKeyEntry]:
+    if path is None or data is None:
+        return []
+    doc = parse(decode(data, path), path)
+    try:
+        return schema.KeysFile.model_validate(doc.plain).keys
+    except ValidationError as exc:
+        raise PolicyError(doc.schema_problems(exc)) from None
+
+
 def _compile(text: str, source: str, digest: str, environ: Env) -> CompiledPolicy:
     doc = parse(text, source)
     try:
@@ -73,8 +109,17 @@ def _compile(text: str, source: str, digest: str, environ: Env) -> CompiledPolic
         raise PolicyError(
             doc.schema_problems(exc) + doc.nonfinite_problems() + _reference_problems(doc)
         ) from None
+    keys_path = keys_file_path(raw.auth.keys_file, source)
+    keys_data = read_keys_file(keys_path)
+    digest = with_keys_digest(digest, keys_path, keys_data)
+    if keys_data is not None:
+        auth = raw.auth.model_copy(update={"keys": raw.auth.keys + _keys_from_file(keys_path, keys_data)})
+        raw = raw.model_copy(update={"auth": auth})
     problems = doc.nonfinite_problems() + _reference_problems(doc) + _key_problems(raw, doc)
     warnings = _unused_backend_warnings(raw, doc)
+    if keys_path is not None and keys_data is None:
+        missing = f"{keys_path} does not exist; no keys from it"
+        warnings.append(doc.problem(("auth", "keys_file"), missing))
     backends: dict[str, CompiledBackend] = {}
     env = os.environ if environ is None else environ
     for name, backend in raw.backends.items():
@@ -105,6 +150,7 @@ def _compile(text: str, source: str, digest: str, environ: Env) -> CompiledPolic
         ),
         store=raw.store,
         tuning=raw.tuning,
+        keys_file=keys_path,
     )
 
 

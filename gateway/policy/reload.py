@@ -14,7 +14,15 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 
 from gateway.policy.compiled import CompiledPolicy
-from gateway.policy.load import Env, PolicyError, compile_policy_bytes, load_policy, read_policy_file
+from gateway.policy.load import (
+    Env,
+    PolicyError,
+    compile_policy_bytes,
+    load_policy,
+    read_keys_file,
+    read_policy_file,
+    with_keys_digest,
+)
 
 logger = logging.getLogger("gateway.policy")
 
@@ -39,8 +47,8 @@ class PolicyHolder:
         self._clock = clock
         self._environ = environ
         self._listeners = list(on_change)
-        self._stat_key = _stat_key(self.path)
         self._current = load_policy(self.path, environ=environ)  # a bad policy must not start a server
+        self._stat_key = self._stat_keys()
         self._rejected_digest: str | None = None
         self.last_error: str | None = None
         self.last_error_at: float | None = None  # clock() reading of the last rejected reload
@@ -62,7 +70,7 @@ class PolicyHolder:
     def reload_checked(self) -> bool | PolicyError:
         """Read the file now: True if a new valid policy was installed, False if the file holds the
         running policy already, or why it was rejected (the last good policy keeps serving)."""
-        self._stat_key = _stat_key(self.path)
+        self._stat_key = self._stat_keys()
         outcome = self._attempt(retry_rejected=True)
         installed = self._install(outcome)
         return outcome[0] if isinstance(outcome[0], PolicyError) else installed
@@ -71,7 +79,7 @@ class PolicyHolder:
         """Poll the file until cancelled, reloading when its content changes."""
         while True:
             await asyncio.sleep(interval_s)
-            key = _stat_key(self.path)
+            key = self._stat_keys()
             if key == self._stat_key:
                 continue
             self._stat_key = key
@@ -84,7 +92,12 @@ class PolicyHolder:
             data = read_policy_file(self.path)
         except PolicyError as exc:
             return exc, None
-        digest = hashlib.sha256(data).hexdigest()
+        # The keys file the running policy names: a policy edit that names another changes ``data``.
+        keys_path = self._current.keys_file
+        try:
+            digest = with_keys_digest(hashlib.sha256(data).hexdigest(), keys_path, read_keys_file(keys_path))
+        except PolicyError as exc:
+            return exc, None
         if digest == self._current.digest or (digest == self._rejected_digest and not retry_rejected):
             return None, digest
         try:
@@ -119,6 +132,11 @@ class PolicyHolder:
             except Exception:  # one broken listener must not stop the others from hearing
                 logger.exception("policy change listener %r failed", listener)
         return True
+
+    def _stat_keys(self) -> tuple[StatKey, StatKey]:
+        """The policy file's stat and its keys file's: either changing means read both again."""
+        keys_file = self._current.keys_file
+        return _stat_key(self.path), _stat_key(Path(keys_file)) if keys_file else None
 
     def _reject(self, error: PolicyError, digest: str | None) -> None:
         self._rejected_digest = digest

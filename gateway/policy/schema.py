@@ -224,6 +224,16 @@ class Auth(Strict):
     """With no keys the gateway serves without auth, and only on a loopback address."""
 
     keys: list[ApiKeyEntry] = []
+    # More keys from a file of their own (``keys:`` as here), e.g. a mounted Kubernetes Secret, so
+    # rotating keys never touches the routing policy; relative to the policy file's directory. Read at
+    # every (re)load; a missing file adds no keys (and a public gateway with no keys does not start).
+    keys_file: Annotated[str, Field(min_length=1, max_length=4096)] | None = None
+
+
+class KeysFile(Strict):
+    """The file that ``auth.keys_file`` names."""
+
+    keys: list[ApiKeyEntry] = []
 
 
 class StoreSettings(Strict):

@@ -44,6 +44,22 @@ def usage_from(obj: Any, reasoning_chunks: int = 0) -> Usage | None:
     )
 
 
+def unusable_answer(raw: bytes) -> str | None:
+    """Why a 200 answer must not reach the client as one (so another backend is tried), or None: it is
+    not JSON, or it is an OpenAI error body. A body with ``"choices"`` skips the parse."""
+    if b'"choices"' in raw:
+        return None
+    try:
+        parsed = orjson.loads(raw)
+    except orjson.JSONDecodeError:
+        return "answered 200 with a body that is not JSON"
+    if not isinstance(parsed, dict):
+        return "answered 200 with a body that is not a JSON object"
+    if "error" in parsed:
+        return "answered 200 with an error body"
+    return None
+
+
 def read_completion(
     raw: bytes, prompt_tokens: int, chars_per_token: float = CHARS_PER_TOKEN
 ) -> tuple[Usage, float | None]:

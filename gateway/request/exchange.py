@@ -131,6 +131,11 @@ class Exchange:
         self._upstream = upstream
         return upstream
 
+    def cut_upstream(self) -> None:
+        """Close the open upstream answer: whatever reads it sees the stream end (a stop's grace is over)."""
+        if self._upstream is not None:
+            self._upstream.close()
+
     def end_attempt(self) -> None:
         """Close the attempt in flight's upstream (reused when read to its end, cut otherwise, which
         frees the backend's slot) and feed the attempt to stats and costs; a no-op when none is."""

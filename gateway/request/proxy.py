@@ -28,7 +28,7 @@ from gateway.errors import (
     UpstreamTimeout,
 )
 from gateway.request.auth import authorize_route
-from gateway.request.dialect import insert_usage_cost, read_completion
+from gateway.request.dialect import insert_usage_cost, read_completion, unusable_answer
 from gateway.request.exchange import ClientRequest, Exchange
 from gateway.request.observation import Attempt, Observation
 from gateway.request.resume import transcript_for
@@ -182,6 +182,9 @@ async def complete_once(exchange: Exchange, attempt: Attempt, call: UpstreamCall
         max(exchange.started_at + client.route.fallback.deadline_s - runtime.clock(), 1.0)
     )
     attempt.finished_at = runtime.clock()
+    unusable = unusable_answer(raw)
+    if unusable is not None:  # a 200 that is no answer is a failed attempt: fall back
+        raise AttemptFailure("upstream_error", f"{call.backend.name}: {unusable}")
     attempt.usage, decode_s = read_completion(
         raw, client.prompt_tokens, exchange.policy.tuning.chars_per_token
     )

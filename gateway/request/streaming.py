@@ -17,6 +17,7 @@ import orjson
 from gateway.backends import UpstreamCall
 from gateway.errors import AttemptFailure, error_bytes
 from gateway.request.dialect import REASONING_FIELDS, counted_usage, insert_usage_cost, usage_from
+from gateway.request.drain import SHUTDOWN_CODE, SHUTDOWN_MESSAGE
 from gateway.request.observation import Attempt, Usage
 from gateway.request.resume import resume_stream
 
@@ -31,6 +32,9 @@ Send = Callable[[dict[str, Any]], Awaitable[None]]
 Receive = Callable[[], Awaitable[MutableMapping[str, Any]]]
 
 
+CORRUPT = "the stream carried an event that is not JSON"
+
+
 class StreamMeter:
     """Splits a byte stream into SSE events, notes first-token times, counts chunks, keeps usage."""
 
@@ -41,6 +45,7 @@ class StreamMeter:
         "_sep",
         "_tail",
         "answer_chunks",
+        "corrupt",
         "done",
         "final_usage",
         "reasoning_chunks",
@@ -68,6 +73,7 @@ class StreamMeter:
         self.reasoning_chunks = 0
         self.usage_obj: Any = None
         self.done = False
+        self.corrupt = False  # an event no client can read came by: the stream is broken there
         self.final_usage = False  # the usage-only chunk for the client went by: it gets the cost
         self.upstream_error: Any = None
 
@@ -79,8 +85,15 @@ class StreamMeter:
         """Take bytes from the network; return the complete events to forward now."""
         buf = self._tail + data if self._tail else data
         if not self._sep:
-            # sse-starlette (llama-cpp-python) ends lines with CRLF, vLLM and llama-server with LF.
-            self._sep = b"\r\n\r\n" if b"\r\n" in buf else b"\n\n"
+            # sse-starlette (llama-cpp-python) ends lines with CRLF, vLLM and llama-server with LF. Told
+            # apart by the first event's end: a CR elsewhere (in garbage) must not make LF events one.
+            if b"\n\n" in buf:
+                self._sep = b"\n\n"
+            elif b"\r\n\r\n" in buf:
+                self._sep = b"\r\n\r\n"
+            else:
+                self._tail = buf
+                return b""
         sep = self._sep
         cut = buf.rfind(sep)
         if cut < 0:
@@ -97,6 +110,9 @@ class StreamMeter:
                 kept.append(event)
             else:
                 dropped = True
+                if self.corrupt:  # nothing after it is forwarded; the relay ends the stream here
+                    self._tail = b""
+                    break
         if not dropped:
             return complete
         return b"".join(event + sep for event in kept)
@@ -112,7 +128,9 @@ class StreamMeter:
         try:
             obj = orjson.loads(payload)
         except orjson.JSONDecodeError:
-            return True
+            # No OpenAI client can read it (the SDKs raise on it): a corrupt stream, not an event.
+            self.corrupt = True
+            return False
         if not isinstance(obj, dict):
             return True
         usage = obj.get("usage")
@@ -212,6 +230,8 @@ async def first_events(
                         "dropped", f"{call.backend.name}: stream ended before its first event"
                     )
                 first = meter.feed(data, clock())
+                if meter.corrupt:
+                    raise AttemptFailure("dropped", f"{call.backend.name}: {CORRUPT}")
     except TimeoutError:
         raise AttemptFailure("timeout", f"{call.backend.name}: no first token in {call.wait_s:g}s") from None
     return first
@@ -258,6 +278,8 @@ class StreamRelay:
 
     async def __call__(self, scope: Any, receive: Receive, send: Send) -> None:
         exchange = self._exchange
+        drain = exchange.runtime.drain  # a graceful stop waits for open streams, then ends them
+        drain.opened(exchange)
         try:
             await send({"type": "http.response.start", "status": 200, "headers": self._headers})
             await send({"type": "http.response.body", "body": self._first, "more_body": True})
@@ -268,6 +290,7 @@ class StreamRelay:
             if self._attempt.finished_at is None:  # (not one a resume already ended as dropped)
                 self._attempt.status = "cancelled"  # the client went away: a normal end, not an error
         finally:
+            drain.closed(exchange)
             if self._attempt.finished_at is None:
                 self._meter.finish(exchange.runtime.clock())
             exchange.settle()  # closes the upstream: reused when read to its end, else cut
@@ -280,10 +303,15 @@ class StreamRelay:
             self._attempt.status = "timeout" if failure.kind == "timeout" else "dropped"
             self._attempt.error = failure.message
             resumed = None
-            if self._meter.transcript is not None:
+            stopping = self._exchange.runtime.drain.ended  # the gateway ended it: no resuming elsewhere
+            if self._meter.transcript is not None and not stopping:
                 resumed = await resume_stream(self._exchange, self._meter, failure)
+            if stopping:
+                failure = AttemptFailure("dropped", SHUTDOWN_MESSAGE)
+                code = SHUTDOWN_CODE
             if resumed is None:
-                code = "upstream_timeout" if failure.kind == "timeout" else "upstream_stream_broken"
+                if not stopping:
+                    code = "upstream_timeout" if failure.kind == "timeout" else "upstream_stream_broken"
                 translator = self._translator
                 event = (
                     error_event(failure.message, code)
@@ -319,6 +347,8 @@ class StreamRelay:
                         out = insert_usage_cost(out, cost, basis)
                     if out:
                         await self._send_events(send, out)
+                    if meter.corrupt:
+                        raise AttemptFailure("dropped", f"{self._attempt.backend}: {CORRUPT}")
                     if meter.saw_done():
                         break
             if not meter.saw_done():

@@ -1,0 +1,56 @@
+"""A graceful stop: /ready fails at once, open streams run on for a grace period, then each still open
+is ended with an SSE error event (never cut), and only then does the server stop."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from gateway.request.exchange import Exchange
+
+log = logging.getLogger("gateway")
+SHUTDOWN_CODE = "gateway_shutting_down"
+SHUTDOWN_MESSAGE = "the gateway is restarting: this stream was ended after its grace period; retry it"
+SETTLE_S = 5.0  # how long streams told to end get to send their error event and settle
+
+
+class Drain:
+    """What a stop in progress means for requests: whether it began, and the streams it must wait for."""
+
+    def __init__(self) -> None:
+        self.draining = False  # /ready answers 503 from now on
+        self.ended = False  # the grace period is over: open streams are being ended
+        self.streams: set[Exchange] = set()
+        self._none_open: asyncio.Event | None = None  # made in the loop, when a drain begins
+
+    def opened(self, exchange: Exchange) -> None:
+        self.streams.add(exchange)
+
+    def closed(self, exchange: Exchange) -> None:
+        self.streams.discard(exchange)
+        if not self.streams and self._none_open is not None:
+            self._none_open.set()
+
+    async def run(self, grace_s: float) -> None:
+        """Fail readiness, wait up to ``grace_s`` for open streams, then end the rest with an error event."""
+        self.draining = True
+        self._none_open = asyncio.Event()
+        log.info("draining: /ready answers 503; %d streams open, %.1f s grace", len(self.streams), grace_s)
+        if await self._all_closed_within(grace_s):
+            return
+        log.warning("grace period over: ending %d open streams with an error event", len(self.streams))
+        self.ended = True
+        for exchange in list(self.streams):
+            exchange.cut_upstream()
+        await self._all_closed_within(SETTLE_S)
+
+    async def _all_closed_within(self, seconds: float) -> bool:
+        if not self.streams:
+            return True
+        assert self._none_open is not None
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._none_open.wait(), seconds)
+        return not self.streams
