@@ -86,6 +86,8 @@ class Prober:
         policy = runtime.policy
         now = runtime.clock()
         settings = policy.tuning.probes
+        if not settings.enabled:
+            return
         watched = {name for route in policy.routes.values() if route.has_slo for name in route.backends}
         for name, backend in policy.backends.items():
             view = runtime.stats.view(name)

@@ -293,6 +293,8 @@ class ProbeTuning(Strict):
     """Small synthetic requests (one short prompt, ``max_tokens: 1``) that keep the stats of candidates
     the routing avoids fresh, so a recovery is noticed without spending users' requests on it."""
 
+    # Off: no probe at all (routes with an SLO then learn only from users' requests).
+    enabled: bool = True
     # A candidate of a route with an SLO that has had no sample for this long is probed.
     interval_s: PositiveFloat = 15.0
     # Probe every healthy backend once at start-up and when a reload adds one.

@@ -84,8 +84,9 @@ routes:
     backends: [b300-vllm, paid-api, a100-llamacpp]
     slo: {{ttft_p95_ms: 3000, min_decode_tokens_per_s: 20}}
     exploration: 0
-# The simulator does not model the gateway's synthetic probes yet: the gateway sends none here.
-tuning: {{probes: {{on_start: false, interval_s: 1000000}}}}
+# The simulator does not model the gateway's synthetic probes yet: the gateway sends none here (with
+# them, the gateway finds the B300 pool's recovery that the simulator cannot see, and costs less).
+tuning: {{probes: {{enabled: false}}}}
 """
 
 
