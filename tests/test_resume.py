@@ -19,6 +19,7 @@ import pytest
 from gateway.emulator import create_emulator_app
 from tests.conftest import PAID_KEY, TIME_SCALE, Gateway, Upstreams, running_gateway
 from tests.servers import ProcessServer, ThreadedServer, free_port, python_module, threaded_server, wait_http
+from tests.spend.conftest import ledger_rows
 
 HELLO = [{"role": "user", "content": "Say hello"}]
 
@@ -185,6 +186,23 @@ def test_a_stream_cut_mid_answer_continues_on_another_backend(
         == first.usage.completion_tokens + second.usage.completion_tokens
     )
     assert observation.status == "ok" and observation.cost_usd is not None
+    # The ledger row keeps each attempt with its own tokens and cost.
+    ledger = resuming.policy_path.parent / "ledger.sqlite3"
+    deadline = time.monotonic() + 10
+    while not (ledger.exists() and ledger_rows(ledger)):
+        assert time.monotonic() < deadline, "no ledger row"
+        time.sleep(0.05)
+    (row,) = ledger_rows(ledger)
+    logged = orjson.loads(row["attempt_log"])
+    assert [(a["backend"], a["status"], a["resumed"]) for a in logged] == [
+        ("pool-a", "dropped", None),
+        (continues_on, "ok", "continued"),
+    ]
+    assert [a["completion_tokens"] for a in logged] == [
+        first.usage.completion_tokens,
+        second.usage.completion_tokens,
+    ]
+    assert sum(a["cost_usd"] for a in logged) == pytest.approx(row["cost_usd"])
     metrics = httpx.get(resuming.url + "/metrics").text
     assert f'gateway_streams_resumed_total{{mode="continued",route="{route}"}} 1.0' in metrics
 

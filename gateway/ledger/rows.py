@@ -7,6 +7,8 @@ from collections.abc import Mapping, Sequence
 from types import MappingProxyType
 from typing import Any, NamedTuple
 
+import orjson
+
 from gateway.request.observation import Observation
 
 
@@ -44,7 +46,7 @@ class LedgerRow(NamedTuple):
     # Schema 3: what the request used and went through.
     prefill_cost_usd: float | None = None  # a pool's share of cost_usd for processing the prompt
     queued_s: float = 0.0  # seconds waiting in the route's queue for a free or unpaused candidate
-    attempt_log: str = ""  # each attempt, in order: "backend:status[:http_status]" joined by ";"
+    attempt_log: str = ""  # each attempt, in order, as a JSON array (see ``attempt_log``)
     probe: bool = False  # a synthetic probe (the ``probes`` table): billed to no route or key
 
 
@@ -133,8 +135,20 @@ def row_of(
 
 
 def attempt_log(observation: Observation) -> str:
-    """Every attempt of a request in one short string, e.g. "paid-api:upstream_error:503;b300:ok"."""
-    return ";".join(
-        f"{a.backend}:{a.status}" + ("" if a.http_status is None else f":{a.http_status}")
-        for a in observation.attempts
-    )
+    """Every attempt of a request, in order, as a JSON array: backend, status, HTTP status, its own
+    tokens and cost, and how it took over a stream another backend broke off ("continued" or
+    "restarted"). SQLite's ``json_extract`` and PostgreSQL's ``->>`` read it."""
+    return orjson.dumps(
+        [
+            {
+                "backend": a.backend,
+                "status": a.status,
+                "http_status": a.http_status,
+                "prompt_tokens": a.usage.prompt_tokens if a.usage else 0,
+                "completion_tokens": a.usage.completion_tokens if a.usage else 0,
+                "cost_usd": a.cost_usd or 0.0,
+                "resumed": a.resumed,
+            }
+            for a in observation.attempts
+        ]
+    ).decode()
