@@ -164,7 +164,11 @@ def test_ledger_metrics_and_cost_carry_the_real_measurements(real_gateway: Gatew
     assert pool is not None
     time_share_s = attempt.usage.completion_tokens / measured_tokens_per_s
     assert observation.cost_basis == "gpu_hours_amortized"
-    assert observation.cost_usd == pytest.approx(pool.usd_per_hour / 3600 * time_share_s, rel=1e-6)
+    # Decode's time share, plus the prompt's (issue 13: prefill is priced too), which the row shows.
+    prefill_usd = observation.prefill_cost_usd
+    assert prefill_usd is not None and prefill_usd > 0
+    decode_usd = observation.cost_usd - prefill_usd
+    assert decode_usd == pytest.approx(pool.usd_per_hour / 3600 * time_share_s, rel=1e-6)
 
     row = ledger_row(real_gateway, request_id)
     assert row["backend"] == BACKEND and row["usage_source"] == "counted"
@@ -172,6 +176,7 @@ def test_ledger_metrics_and_cost_carry_the_real_measurements(real_gateway: Gatew
     assert row["ttft_s"] == pytest.approx(attempt.ttft_s) and row["ttft_s"] > 0
     assert row["decode_tokens_per_s"] > 0
     assert row["cost_usd"] == pytest.approx(observation.cost_usd)
+    assert row["prefill_cost_usd"] == pytest.approx(prefill_usd)
 
     exposition = httpx.get(real_gateway.url + "/metrics").text
     assert f'gateway_ttft_seconds_count{{backend="{BACKEND}"' in exposition

@@ -192,6 +192,13 @@ def test_a_backend_degraded_in_one_replicas_traffic_changes_another_replicas_dec
 
 def test_a_circuit_opened_by_one_replica_is_open_on_the_others(fleet: Fleet, upstreams: Upstreams) -> None:
     tripper, others = fleet.replicas[0], fleet.replicas[1:]
+
+    def circuit(replica: Replica) -> str:
+        state: str = replica.get("/admin/backends").json()["backends"]["a100-llamacpp"]["circuit"]
+        return state
+
+    # The fault stays on while the others are checked: once it is off, a probe of the open circuit
+    # (issue 13) would close it again, and the check would race that recovery.
     httpx.post(upstreams.llamacpp.url + "/emulator/faults", json={"error_rate": 1.0}).raise_for_status()
     try:
         for _ in range(6):
@@ -202,17 +209,12 @@ def test_a_circuit_opened_by_one_replica_is_open_on_the_others(fleet: Fleet, ups
                 timeout=30,
             )
             assert response.status_code in (502, 503)
+        assert circuit(tripper) != "closed"
+        for replica in others:
+            eventually(lambda replica=replica: circuit(replica) != "closed")
+            assert not ledger_rows(replica.ledger, "route = 'llamacpp-only'"), "it never called the backend"
     finally:
         httpx.delete(upstreams.llamacpp.url + "/emulator/faults")
-
-    def circuit(replica: Replica) -> str:
-        state: str = replica.get("/admin/backends").json()["backends"]["a100-llamacpp"]["circuit"]
-        return state
-
-    assert circuit(tripper) != "closed"
-    for replica in others:
-        eventually(lambda replica=replica: circuit(replica) != "closed")
-        assert not ledger_rows(replica.ledger, "route = 'llamacpp-only'"), "it never called the backend"
 
 
 def test_an_upstream_rate_limit_met_by_one_replica_pauses_the_backend_on_the_others(
