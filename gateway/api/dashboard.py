@@ -33,7 +33,9 @@ async def page(request: Request) -> Response:
 
 
 async def data(request: Request) -> Response:
-    return json_response(dashboard_data(runtime_of(request)), headers={"cache-control": "no-store"})
+    runtime = runtime_of(request)
+    view = await runtime.ledger_view.current()
+    return json_response(dashboard_data(runtime, view), headers={"cache-control": "no-store"})
 
 
 async def metrics(request: Request) -> Response:
@@ -50,10 +52,9 @@ async def serve_metrics_port(runtime: Runtime, scope: Scope, receive: Receive, s
     await response(scope, receive, send)
 
 
-def dashboard_data(runtime: Runtime) -> dict[str, Any]:
+def dashboard_data(runtime: Runtime, view: LedgerSnapshot) -> dict[str, Any]:
     wall = runtime.wall_clock()
     policy = runtime.policy
-    view = runtime.ledger_view.snapshot
     ledger = runtime.ledger
     shared = ledger.database.shared
     # A shared ledger shows the fleet (as of the view's last read); a file of our own, this process

@@ -1,6 +1,8 @@
-"""What the dashboard reads from the ledger, refreshed in the background every few seconds: today's
-totals per route (errors and fallbacks too), backend and replica, the last hour in buckets, and
-(for a shared ledger) the fleet's newest rows. Never read on a request."""
+"""What the dashboard reads from the ledger, refreshed in the background every few seconds while
+someone watches the dashboard: today's totals per route (errors and fallbacks too), backend and
+replica, the last hour in buckets, and (for a shared ledger) the fleet's newest rows. Never read on a
+completion request, and not at all while nobody looks: those queries scan the day's rows, CPU the
+proxy's core needs for tokens."""
 
 from __future__ import annotations
 
@@ -17,6 +19,7 @@ from gateway.money.spend import SpendTally
 
 log = logging.getLogger("gateway.ledger")
 RECENT_ROWS = 50
+WATCHED_S = 60.0  # the background refresh runs until this long after the dashboard was last read
 
 
 @dataclass(frozen=True, slots=True)
@@ -40,10 +43,23 @@ class LedgerView:
         self._wall_clock = wall_clock
         self.refresh_s = refresh_s
         self.snapshot = LedgerSnapshot()
+        self._watched_at: float | None = None
+
+    async def current(self) -> LedgerSnapshot:
+        """The snapshot for a dashboard read: it also keeps the background refresh going a while,
+        and the first read after a quiet spell waits for a fresh one."""
+        wall = self._wall_clock()
+        self._watched_at = wall
+        read_at = self.snapshot.read_at
+        if read_at is None or wall - read_at > 2 * self.refresh_s:
+            self.snapshot = await asyncio.to_thread(self.read, wall)
+        return self.snapshot
 
     async def run(self) -> None:
         while True:
-            self.snapshot = await asyncio.to_thread(self.read, self._wall_clock())
+            watched = self._watched_at
+            if watched is not None and self._wall_clock() - watched <= WATCHED_S:
+                self.snapshot = await asyncio.to_thread(self.read, self._wall_clock())
             await asyncio.sleep(self.refresh_s)
 
     def read(self, wall: float) -> LedgerSnapshot:
