@@ -82,6 +82,9 @@ routes:
     backends: [cheap-sglang, dear-sglang]
     slo: {{ttft_p95_ms: 4000}}
     exploration: 0
+# No probes: a one-token probe would give the dear server a short TTFT sample, and with both pools'
+# headroom free (marginal), that TTFT would break the tie this test sets up on the queue alone.
+tuning: {{probes: {{enabled: false}}}}
 """
 
 
