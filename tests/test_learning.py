@@ -264,6 +264,8 @@ def test_an_upstream_503_then_a_fallback_says_so(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     with start(learning_upstreams, tmp_path, monkeypatch) as gateway:
+        # The start-up probes first, or one of them meets the 503 before the user's request does.
+        wait_until(lambda: gateway.runtime.probes.idle)
         set_faults(learning_upstreams.vllm, error_rate=1.0, error_status=503)
         with caplog.at_level(logging.WARNING, logger="gateway"):
             response = complete(gateway, "pool-then-api")

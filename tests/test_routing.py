@@ -227,7 +227,8 @@ def test_circuit_opens_on_a_single_backend_route_and_closes_after_recovery(
     # Five failures in a row open the circuit; a probe that failed meanwhile counts among them.
     assert 503 in statuses, "an open circuit refuses at once instead of hammering the backend"
     opened = statuses.index(503)
-    assert 1 <= opened <= 5 and statuses[:opened] == [502] * opened
+    # (Up to six: a probe sent before the fault that answers after a failure resets the count once.)
+    assert 1 <= opened <= 6 and statuses[:opened] == [502] * opened
     set_faults(slow_upstreams.llamacpp, error_rate=0.0)
     _wait(lambda: httpx.post(routed.base_url + "/chat/completions", json=body, timeout=30).status_code == 200)
 
