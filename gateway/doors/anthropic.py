@@ -13,11 +13,10 @@ from typing import TYPE_CHECKING, Any
 import orjson
 from starlette.responses import Response
 
-from gateway.doors.openai import json_object, route_of
+from gateway.doors.openai import translated_request
 from gateway.doors.sse import chat_usage, reasoning_of
 from gateway.errors import GatewayError, InvalidRequest
 from gateway.policy.compiled import CompiledPolicy
-from gateway.request.dialect import estimate_tokens, prompt_chars
 
 if TYPE_CHECKING:
     from gateway.doors import StreamTranslator
@@ -37,21 +36,9 @@ class AnthropicDoor:
     upstream_path = "/chat/completions"
 
     def parse(self, body: bytes, policy: CompiledPolicy, chars_per_token: float) -> ClientRequest:
-        from gateway.request.exchange import ClientRequest
-
-        request = json_object(body)
-        route = route_of(request.get("model"), policy)
-        payload = chat_payload(request)
-        chars = prompt_chars(payload)
-        return ClientRequest(
-            payload=payload,
-            route=route,
-            stream=payload["stream"],
-            wants_usage=True,  # message_delta carries the usage: the meter must pass it on
-            prompt_chars=chars,
-            prompt_tokens=estimate_tokens(chars, chars_per_token),
-            max_tokens=payload["max_tokens"],
-        )
+        return translated_request(
+            body, policy, chars_per_token, chat_payload
+        )  # message_delta carries the usage
 
     def render_answer(self, raw: bytes, exchange: Exchange) -> bytes:
         assert exchange.client is not None

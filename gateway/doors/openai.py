@@ -4,6 +4,7 @@ their ``model``, which names the route the client asked for."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import orjson
@@ -103,6 +104,31 @@ def model_renamer(exchange: Exchange) -> ModelRenamer | None:
         return None
     upstream = exchange.policy.backends[observation.backend].model
     return None if upstream == observation.route else ModelRenamer(upstream, observation.route)
+
+
+def translated_request(
+    body: bytes,
+    policy: CompiledPolicy,
+    chars_per_token: float,
+    to_chat: Callable[[dict[str, Any]], dict[str, Any]],
+) -> ClientRequest:
+    """A request in another door's dialect, as the chat payload ``to_chat`` makes of it. Such doors
+    always want the usage chunk: their own closing events carry it."""
+    from gateway.request.exchange import ClientRequest
+
+    request = json_object(body)
+    route = route_of(request.get("model"), policy)
+    payload = to_chat(request)
+    chars = prompt_chars(payload)
+    return ClientRequest(
+        payload=payload,
+        route=route,
+        stream=payload["stream"],
+        wants_usage=True,
+        prompt_chars=chars,
+        prompt_tokens=estimate_tokens(chars, chars_per_token),
+        max_tokens=payload.get("max_tokens"),
+    )
 
 
 def json_object(body: bytes) -> dict[str, Any]:

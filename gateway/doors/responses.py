@@ -13,11 +13,10 @@ import orjson
 from starlette.responses import Response
 
 from gateway.api.responses import error_response
-from gateway.doors.openai import json_object, route_of
+from gateway.doors.openai import translated_request
 from gateway.doors.sse import chat_usage, reasoning_of
 from gateway.errors import GatewayError, InvalidRequest
 from gateway.policy.compiled import CompiledPolicy
-from gateway.request.dialect import estimate_tokens, prompt_chars
 
 if TYPE_CHECKING:
     from gateway.doors import StreamTranslator
@@ -33,21 +32,9 @@ class ResponsesDoor:
     upstream_path = "/chat/completions"
 
     def parse(self, body: bytes, policy: CompiledPolicy, chars_per_token: float) -> ClientRequest:
-        from gateway.request.exchange import ClientRequest
-
-        request = json_object(body)
-        route = route_of(request.get("model"), policy)
-        payload = chat_payload(request)
-        chars = prompt_chars(payload)
-        return ClientRequest(
-            payload=payload,
-            route=route,
-            stream=payload["stream"],
-            wants_usage=True,  # response.completed carries the usage
-            prompt_chars=chars,
-            prompt_tokens=estimate_tokens(chars, chars_per_token),
-            max_tokens=payload.get("max_tokens"),
-        )
+        return translated_request(
+            body, policy, chars_per_token, chat_payload
+        )  # response.completed carries the usage
 
     def render_answer(self, raw: bytes, exchange: Exchange) -> bytes:
         assert exchange.client is not None
