@@ -7,7 +7,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-PROXIES = ("direct", "ours", "litellm")
+PROXIES = ("direct", "bare", "ours", "litellm")  # bare: the pass-through limit (bench/passthrough.py)
 Getter = Callable[[dict[str, Any], dict[str, Any]], float | None]  # (proxy result, direct result)
 
 
@@ -128,23 +128,27 @@ def rows(results: dict[str, Any]) -> list[list[str]]:
     out = []
     for label, getter, higher, decimals in ROWS:
         values = {p: getter(proxies[p], direct) if p in proxies else None for p in PROXIES}
-        ours, base, lite = values["ours"], values["direct"], values["litellm"]
+        ours, base, lite, bare = values["ours"], values["direct"], values["litellm"], values["bare"]
         vs_direct = ours / base if ours is not None and base else None
+        vs_bare = ours / bare if ours is not None and bare else None
         vs_lite = None
         if ours is not None and lite is not None and ours > 0 and lite > 0:
             vs_lite = ours / lite if higher else lite / ours
         if label in NOT_COMPARED:
-            vs_direct = vs_lite = None
+            vs_direct = vs_lite = vs_bare = None
         cells = [_fmt(values[p], decimals) for p in PROXIES]
-        out.append([label, *cells, _factor(vs_direct), _factor(vs_lite)])
+        out.append([label, *cells, _factor(vs_direct), _factor(vs_bare), _factor(vs_lite)])
     return out
 
 
-HEADER = ["metric", "direct", "ours", "LiteLLM", "ours/direct", "ours vs LiteLLM (x better)"]
+HEADER = [
+    "metric", "direct", "bare proxy", "ours", "LiteLLM",
+    "ours/direct", "ours/bare", "ours vs LiteLLM (x better)",
+]  # fmt: skip
 
 
 def goals(results: dict[str, Any]) -> list[tuple[str, str, bool | None]]:
-    """Issue 7's goals: (goal, measured, met); met is None when the run could not tell."""
+    """Issues 7 and 18's goals: (goal, measured, met); met is None when the run could not tell."""
     p = results.get("proxies", {})
     ours, lite, direct = p.get("ours", {}), p.get("litellm", {}), p.get("direct", {})
 
@@ -153,6 +157,14 @@ def goals(results: dict[str, Any]) -> list[tuple[str, str, bool | None]]:
         return a / b if a is not None and b else None
 
     out: list[tuple[str, str, bool | None]] = []
+    bare = p.get("bare", {})
+    for goal, path in (
+        ("non-streaming req/s >= 50% of the bare pass-through", ("nonstream", "rps")),
+        ("streaming req/s >= 50% of the bare pass-through", ("stream", "rps")),
+    ):
+        mine, limit = _get(ours, *path), _get(bare, *path)
+        share = mine / limit if mine is not None and limit else None
+        out.append((goal, "-" if share is None else f"{share:.0%}", None if share is None else share >= 0.5))
     for goal, path, need in (
         ("non-streaming req/s >= 20x LiteLLM", ("nonstream", "rps"), 20.0),
         ("streaming req/s >= 40x LiteLLM", ("stream", "rps"), 40.0),
@@ -264,7 +276,7 @@ def markdown(results: dict[str, Any]) -> str:
         "",
         md_table(HEADER, rows(results)),
         "",
-        "## Goals (issue 7)",
+        "## Goals (issues 7 and 18)",
         "",
         *goal_lines(results),
         "",

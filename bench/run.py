@@ -71,7 +71,12 @@ def loadavg() -> str:
 async def run(args: argparse.Namespace, say: Progress) -> dict[str, Any]:
     s = Settings.make(args.quick, args.requests)
     out_dir: Path = args.out
-    ports = {"upstream": args.base_port, "ours": args.base_port + 1, "litellm": args.base_port + 2}
+    ports = {
+        "upstream": args.base_port,
+        "ours": args.base_port + 1,
+        "litellm": args.base_port + 2,
+        "bare": args.base_port + 3,
+    }
     busy = [f"{n}:{p}" for n, p in ports.items() if not port_is_free(p)]
     if busy:
         raise SystemExit(f"ports in use: {', '.join(busy)}; pick others with --base-port")
@@ -105,11 +110,16 @@ async def run(args: argparse.Namespace, say: Progress) -> dict[str, Any]:
         results["paced_baseline"] = baseline
         limit = d["paced"]["capacity"]
         contenders: list[tuple[str, Any]] = [("ours", None)]
+        if not args.skip_bare:
+            contenders.insert(0, ("bare", None))
         if exe is not None:
             contenders.append(("litellm", exe))
         for name, lite_exe in contenders:
             say(f"== {name}: starting on port {ports[name]} (core 0)")
-            if name == "ours":
+            if name == "bare":
+                proc = servers.start_passthrough(ports["bare"], ports["upstream"], out_dir)
+                way = Way("bare", ports["bare"], proc, "fast", "paced", servers.API_KEY, upstream)
+            elif name == "ours":
                 proc = servers.start_gateway(ports["ours"], ports["upstream"], out_dir)
                 way = Way("ours", ports["ours"], proc, "bench-fast", "bench-paced", servers.API_KEY, upstream)
             else:
@@ -126,7 +136,14 @@ async def run(args: argparse.Namespace, say: Progress) -> dict[str, Any]:
                 continue
             say(f"{name}: first answer {startup:.2f} s after spawning")
             results["proxies"][name] = await measure(
-                way, s, say, startup, direct_rate=direct_rate, paced_baseline=baseline, paced_limit=limit
+                way,
+                s,
+                say,
+                startup,
+                direct_rate=direct_rate,
+                paced_baseline=baseline,
+                paced_limit=limit,
+                memory=name != "bare",  # the limit's throughput and latency matter; its memory does not
             )
             if name == "ours" and not args.no_profile:
                 from bench.profile import profile
@@ -173,9 +190,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--skip-litellm", action="store_true", help="do not install or measure LiteLLM's proxy"
     )
+    parser.add_argument(
+        "--skip-bare",
+        action="store_true",
+        help="do not measure the bare pass-through proxy (bench/passthrough.py)",
+    )
     parser.add_argument("--no-profile", action="store_true", help="skip the py-spy profiles of the gateway")
     parser.add_argument("--requests", type=int, default=None, help="requests in the memory run (100k full)")
-    parser.add_argument("--base-port", type=int, default=18001, help="upstream port; gateway +1, LiteLLM +2")
+    parser.add_argument(
+        "--base-port", type=int, default=18001, help="upstream port; gateway +1, LiteLLM +2, bare +3"
+    )
     parser.add_argument("--out", type=Path, default=RESULTS, help="where results and logs go")
     args = parser.parse_args(argv)
     say = Progress()

@@ -39,6 +39,13 @@ def start_upstream(port: int, log_dir: Path) -> Proc:
     return start("upstream", argv, cpus="1", log_dir=log_dir, env={"PYTHONPATH": str(REPO)})
 
 
+def start_passthrough(port: int, upstream_port: int, log_dir: Path) -> Proc:
+    """The bare Starlette + aiohttp pass-through (bench/passthrough.py): the in-Python limit."""
+    argv = [sys.executable, "-m", "bench.passthrough", "--port", str(port)]
+    argv += ["--upstream", f"http://127.0.0.1:{upstream_port}"]
+    return start("bare", argv, cpus="0", log_dir=log_dir, env={"PYTHONPATH": str(REPO)})
+
+
 def gateway_policy(upstream_port: int, out_dir: Path) -> Path:
     """bench/policy.yaml as it is, or a copy pointing at another upstream port."""
     if f"127.0.0.1:{upstream_port}" == POLICY_UPSTREAM:
