@@ -13,13 +13,14 @@ import traceback
 from collections.abc import Callable
 from pathlib import Path
 
-from bench.reliability import matrix, soak
+from bench.reliability import matrix, restart, soak
 from bench.reliability.row import Row, Scenario, Settings
 
 # name -> scenario; the order is the table's.
 SCENARIOS: dict[str, Scenario] = {
     "faults": matrix.run,
     "soak": soak.run,
+    "restart": restart.run,
 }
 COLUMNS = (
     "scenario", "requests", "client-visible failures", "expected failures", "leaks",
