@@ -8,6 +8,7 @@ import contextlib
 import signal
 import sqlite3
 import threading
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -151,3 +152,53 @@ def test_streams_open_after_the_grace_period_end_with_an_error_event(
         assert '"content"' in stream.body, "tokens flowed before the stop"
     rows = ledger_rows(tmp_path)
     assert len(rows) == STREAMS and all(status != "ok" for status, _ in rows), rows
+
+
+def inflight_at_gateway(url: str) -> float:
+    wanted = 'gateway_backend_inflight_requests{backend="pool"} '
+    for line in httpx.get(url + "/metrics", timeout=10).text.splitlines():
+        if line.startswith(wanted):
+            return float(line.rsplit(" ", 1)[1])
+    return 0.0
+
+
+def ask_whole(url: str, outcome: dict[str, object]) -> None:
+    payload = {"model": "kimi-k3", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 20}
+    try:
+        response = httpx.post(url + "/v1/chat/completions", json=payload, timeout=120)
+        outcome["status"], outcome["body"] = response.status_code, response.text
+    except httpx.HTTPError as exc:
+        outcome["error"] = repr(exc)
+
+
+def test_requests_still_waiting_for_their_first_byte_are_bounded_by_the_grace_period(
+    tmp_path: Path, slow_pool: ThreadedServer
+) -> None:
+    """The drain counts a request from its arrival, not from its first byte: a stream still waiting for
+    its first token at SIGTERM, and a whole answer still being computed, get a 503 when the grace runs
+    out (nothing was sent, so a client may retry elsewhere) instead of holding the process for as long
+    as the upstream takes, past any grace period (which a rolling restart met as a replica that did not
+    stop)."""
+    # The first token comes after a minute: far past the one-second grace period.
+    httpx.post(slow_pool.url + "/emulator/faults", json={"added_ttft_ms": 60_000}).raise_for_status()
+    with gateway_process(tmp_path, slow_pool, grace_s=1) as (server, url):
+        streams = [Stream() for _ in range(2)]
+        whole: dict[str, object] = {}
+        threads = [threading.Thread(target=read_stream, args=(url, s)) for s in streams]
+        threads.append(threading.Thread(target=ask_whole, args=(url, whole)))
+        for thread in threads:
+            thread.start()
+        deadline = time.monotonic() + 60  # bounds a hang only
+        while inflight_at_gateway(url) < len(threads):
+            assert time.monotonic() < deadline, "the requests never reached the upstream"
+            time.sleep(0.05)
+        assert sigterm_then_ready_status(server, url) == 503
+        for thread in threads:
+            thread.join(90)
+        assert server.proc is not None and server.proc.wait(60) == 0
+    for stream in streams:
+        assert stream.error is None, f"the connection was cut instead of answered: {stream.error}"
+        assert stream.status == 503 and SHUTDOWN_CODE in stream.body, (stream.status, stream.body[-400:])
+    assert "error" not in whole and whole["status"] == 503, whole
+    assert SHUTDOWN_CODE in str(whole["body"]), whole
+    assert ledger_rows(tmp_path) == [("error", SHUTDOWN_CODE)] * len(threads), "every request has its row"

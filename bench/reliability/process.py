@@ -5,6 +5,7 @@ sockets) to see whether it holds on to what it should have let go."""
 from __future__ import annotations
 
 import os
+import socket
 import sys
 import time
 from pathlib import Path
@@ -72,3 +73,9 @@ def wait_until_up(proc: Proc, url: str, timeout_s: float = 30.0) -> None:
         time.sleep(0.1)
     proc.stop()
     raise RuntimeError(f"{proc.name} did not answer {url} within {timeout_s:.0f} s:\n{proc.log_tail()}")
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])

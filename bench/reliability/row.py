@@ -14,6 +14,7 @@ class Settings:
     out_dir: Path  # logs, ledgers and policies of this run
     say: Callable[[str], None] = print  # progress, one line at a time
     seed: int = 1
+    requests: int | None = None  # overrides a scenario's own request count (the soak's ``--requests``)
 
 
 @dataclass

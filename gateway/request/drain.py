@@ -1,5 +1,10 @@
-"""A graceful stop: /ready fails at once, open streams run on for a grace period, then each still open
-is ended with an SSE error event (never cut), and only then does the server stop."""
+"""A graceful stop: /ready fails at once, requests in flight run on for a grace period, then each still
+open is ended: a stream with an SSE error event (never cut), a request still waiting for its answer with
+a 503; only then does the server stop.
+
+Every request counts from its arrival, not from its first byte: one still waiting for its first token at
+SIGTERM would otherwise be invisible here, the drain would end at once, and uvicorn would wait for that
+stream's whole length, past any grace period."""
 
 from __future__ import annotations
 
@@ -14,6 +19,7 @@ if TYPE_CHECKING:
 log = logging.getLogger("gateway")
 SHUTDOWN_CODE = "gateway_shutting_down"
 SHUTDOWN_MESSAGE = "the gateway is restarting: this stream was ended after its grace period; retry it"
+UNANSWERED_MESSAGE = "the gateway is restarting: no answer began within its grace period; retry this request"
 SETTLE_S = 5.0  # how long streams told to end get to send their error event and settle
 
 
@@ -23,7 +29,7 @@ class Drain:
     def __init__(self) -> None:
         self.draining = False  # /ready answers 503 from now on
         self.ended = False  # the grace period is over: open streams are being ended
-        self.streams: set[Exchange] = set()
+        self.streams: set[Exchange] = set()  # every request in flight, streamed or not
         self._none_open: asyncio.Event | None = None  # made in the loop, when a drain begins
 
     def opened(self, exchange: Exchange) -> None:
@@ -38,13 +44,15 @@ class Drain:
         """Fail readiness, wait up to ``grace_s`` for open streams, then end the rest with an error event."""
         self.draining = True
         self._none_open = asyncio.Event()
-        log.info("draining: /ready answers 503; %d streams open, %.1f s grace", len(self.streams), grace_s)
+        log.info(
+            "draining: /ready answers 503; %d requests in flight, %.1f s grace", len(self.streams), grace_s
+        )
         if await self._all_closed_within(grace_s):
             return
-        log.warning("grace period over: ending %d open streams with an error event", len(self.streams))
+        log.warning("grace period over: ending %d requests still in flight", len(self.streams))
         self.ended = True
         for exchange in list(self.streams):
-            exchange.cut_upstream()
+            exchange.stop()
         await self._all_closed_within(SETTLE_S)
 
     async def _all_closed_within(self, seconds: float) -> bool:

@@ -48,6 +48,7 @@ class Exchange:
         "_task",
         "_upstream",
         "_watcher",
+        "answering",
         "budget",
         "client",
         "client_gone",
@@ -62,6 +63,7 @@ class Exchange:
         "runtime",
         "settled",
         "started_at",
+        "stopped",
         "tokens",
     )
 
@@ -80,11 +82,13 @@ class Exchange:
         self.tokens: HeldTokens | None = None
         self.client_gone = False
         self.response_ended = False  # the client has the whole response: a hang-up now is normal
+        self.answering = False  # its answer is going out: a graceful stop now ends it through its upstream
+        self.stopped = False  # a graceful stop's grace ran out before this request's answer began
         self.settled = False
         self._current: tuple[Attempt, AttemptTicket] | None = None
         self._upstream: Upstream | None = None  # the attempt in flight's open answer
         self._watcher: asyncio.Task[None] | None = None
-        self._task: asyncio.Task[Any] | None = None
+        self._task: asyncio.Task[Any] | None = asyncio.current_task()
 
     # -- the client's connection -----------------------------------------------------------------
 
@@ -106,10 +110,11 @@ class Exchange:
                 return
 
     def absorb_cancel(self) -> bool:
-        """Whether a CancelledError in this request's task was the client leaving (then it is absorbed:
-        a normal end, not an application error) rather than a shutdown (re-raise it)."""
+        """Whether a CancelledError in this request's task was the client leaving or the end of a graceful
+        stop's grace (then it is absorbed: an answered end, not an application error) rather than the
+        server's own shutdown (re-raise it)."""
         task = asyncio.current_task()
-        if not self.client_gone or task is None:
+        if not (self.client_gone or self.stopped) or task is None:
             return False
         task.uncancel()
         return True
@@ -135,6 +140,18 @@ class Exchange:
         """Close the open upstream answer: whatever reads it sees the stream end (a stop's grace is over)."""
         if self._upstream is not None:
             self._upstream.close()
+
+    def stop(self) -> None:
+        """A graceful stop's grace is over. A stream being relayed has its upstream cut, so the relay ends
+        it with an error event; a request still waiting for its answer (its first byte, a whole answer, a
+        place in the queue) is cancelled where it waits and answered 503, which a client may retry."""
+        if self.answering:
+            self.cut_upstream()
+            return
+        task = self._task
+        if not self.settled and not self.stopped and task is not None and not task.done():
+            self.stopped = True
+            task.cancel()
 
     def end_attempt(self) -> None:
         """Close the attempt in flight's upstream (reused when read to its end, cut otherwise, which
@@ -170,7 +187,7 @@ class Exchange:
         observation = self.observation
         if self._current is not None:
             attempt = self._current[0]
-            if self.client_gone and attempt.status == "ok":
+            if (self.client_gone or self.stopped) and attempt.status == "ok":
                 attempt.status = "cancelled"
             self.end_attempt()
         if observation is None:

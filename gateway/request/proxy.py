@@ -29,6 +29,7 @@ from gateway.errors import (
 )
 from gateway.request.auth import authorize_route
 from gateway.request.dialect import insert_usage_cost, read_completion, unusable_answer
+from gateway.request.drain import SHUTDOWN_CODE, UNANSWERED_MESSAGE
 from gateway.request.exchange import ClientRequest, Exchange
 from gateway.request.observation import Attempt, Observation
 from gateway.request.resume import transcript_for
@@ -43,30 +44,51 @@ async def serve(runtime: Runtime, door: Door, scope: Scope, receive: Receive, se
     """One request through ``door`` as a bare ASGI call; every error becomes the door's error body here."""
     request = Request(scope, receive)
     exchange = Exchange(runtime, door, request_id(request.headers, runtime))
+    drain = runtime.drain  # a graceful stop waits for every request in flight, then ends the rest
+    drain.opened(exchange)
+    try:
+        await answer_and_send(exchange, request, scope, receive, send)
+    finally:
+        drain.closed(exchange)
+
+
+async def answer_and_send(
+    exchange: Exchange, request: Request, scope: Scope, receive: Receive, send: Send
+) -> None:
+    door = exchange.door
     try:
         response: Response | StreamRelay = await answer(exchange, request, receive)
     except GatewayError as exc:
-        runtime.error_returned(exc)
-        exchange.fail(exc.code or exc.type)
-        response = door.error_response(exc)
+        response = refusal(exchange, exc)
     except ClientDisconnect:  # gone while still sending its body: nobody to answer
         exchange.settle()
         return
     except asyncio.CancelledError:
-        exchange.settle()
-        if exchange.absorb_cancel():  # gone while waiting for the upstream: its connection is cut
+        if not exchange.absorb_cancel():
+            exchange.settle()
+            raise
+        if not exchange.stopped:  # gone while waiting for the upstream: its connection is cut
+            exchange.settle()
             return
-        raise
+        # A graceful stop's grace ran out before the answer began: no byte sent, so the client may retry.
+        response = refusal(exchange, NoRouteAvailable(UNANSWERED_MESSAGE, code=SHUTDOWN_CODE))
     except Exception:
         log.exception("unhandled error on POST %s", scope["path"])
         exchange.fail("internal_error")
         response = door.error_response(InternalError())
     if not isinstance(response, StreamRelay):
         exchange.settle()  # before the answer goes out: whoever reads spend next sees this request
+    exchange.answering = True  # a graceful stop now ends a stream through its upstream: an error event
     try:
         await response(scope, receive, send)
     finally:
         exchange.settle()  # a stream settles at its end; this is a no-op then
+
+
+def refusal(exchange: Exchange, error: GatewayError) -> Response:
+    exchange.runtime.error_returned(error)
+    exchange.fail(error.code or error.type)
+    return exchange.door.error_response(error)
 
 
 async def answer(exchange: Exchange, request: Request, receive: Receive) -> Response | StreamRelay:

@@ -278,8 +278,6 @@ class StreamRelay:
 
     async def __call__(self, scope: Any, receive: Receive, send: Send) -> None:
         exchange = self._exchange
-        drain = exchange.runtime.drain  # a graceful stop waits for open streams, then ends them
-        drain.opened(exchange)
         try:
             await send({"type": "http.response.start", "status": 200, "headers": self._headers})
             await send({"type": "http.response.body", "body": self._first, "more_body": True})
@@ -290,7 +288,6 @@ class StreamRelay:
             if self._attempt.finished_at is None:  # (not one a resume already ended as dropped)
                 self._attempt.status = "cancelled"  # the client went away: a normal end, not an error
         finally:
-            drain.closed(exchange)
             if self._attempt.finished_at is None:
                 self._meter.finish(exchange.runtime.clock())
             exchange.settle()  # closes the upstream: reused when read to its end, else cut

@@ -17,8 +17,13 @@ from typing import Any
 import httpx
 import pytest
 
+from bench.reliability.faulty_upstream import (
+    FRAMES_BEFORE_FAULT,
+    RETRY_AFTER_S,
+    FaultyUpstream,
+    faulty_upstream,
+)
 from tests.conftest import Gateway, Upstreams, running_gateway
-from tests.faults.upstream import FRAMES_BEFORE_FAULT, RETRY_AFTER_S, FaultyUpstream, faulty_upstream
 from tests.servers import free_port
 
 FALLBACK, MID_STREAM = "fallback", "error event"

@@ -1,6 +1,7 @@
 """A purpose-built misbehaving upstream on a raw socket: each connection gets the fault named in
 ``mode``, down to the byte (resets, hangs, truncations, trickles, garbage), which no real server and no
-emulator knob produces on demand."""
+emulator knob produces on demand. A request to ``/fault/MODE/...`` gets MODE whatever ``mode`` says, so
+one upstream serves every fault at once: a backend's URL names its fault (``url_for``)."""
 
 from __future__ import annotations
 
@@ -57,11 +58,17 @@ class FaultyUpstream:
         self._server: asyncio.Server | None = None
         self._thread = threading.Thread(target=self._loop.run_forever, daemon=True)
         self._writers: set[asyncio.StreamWriter] = set()
+        self._stopping = asyncio.Event()  # set when the upstream stops: hangs end
 
     @property
     def url(self) -> str:
         assert self._server is not None
         return f"http://127.0.0.1:{self._server.sockets[0].getsockname()[1]}"
+
+    def url_for(self, mode: str) -> str:
+        """A base URL whose every request meets ``mode``, whatever the upstream's own mode is."""
+        assert hasattr(self, "_" + mode), mode
+        return f"{self.url}/fault/{mode}"
 
     def start(self) -> FaultyUpstream:
         self._thread.start()
@@ -77,6 +84,11 @@ class FaultyUpstream:
             self._server.close()
             for writer in list(self._writers):
                 writer.transport.abort()
+            # Connections still in a hang end here, not with the loop (which would leave tasks pending).
+            self._stopping.set()
+            others = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
+            if others:
+                await asyncio.wait(others, timeout=5)
 
         asyncio.run_coroutine_threadsafe(close(), self._loop).result(10)
         self._loop.call_soon_threadsafe(self._loop.stop)
@@ -96,7 +108,7 @@ class FaultyUpstream:
                 0,
             )
             await reader.readexactly(length)
-            await getattr(self, "_" + self.mode)(writer)
+            await getattr(self, "_" + mode_in(header, self.mode))(writer)
         except (ConnectionError, asyncio.IncompleteReadError):
             pass
         finally:
@@ -128,11 +140,11 @@ class FaultyUpstream:
         self._rst(writer)
 
     async def _hang_before_first_byte(self, writer: asyncio.StreamWriter) -> None:
-        await asyncio.sleep(3600)
+        await self._hang()
 
     async def _hang_mid_stream(self, writer: asyncio.StreamWriter) -> None:
         await self._frames(writer)
-        await asyncio.sleep(3600)
+        await self._hang()
 
     async def _death_mid_stream(self, writer: asyncio.StreamWriter) -> None:
         await self._frames(writer)
@@ -170,11 +182,24 @@ class FaultyUpstream:
         writer.write(STREAM_HEAD + b"".join(chunked(frame(f"t{i} ")) for i in range(FRAMES_BEFORE_FAULT)))
         await writer.drain()
 
+    async def _hang(self) -> None:
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._stopping.wait(), 3600)
+
     @staticmethod
     def _rst(writer: asyncio.StreamWriter) -> None:
         sock = writer.get_extra_info("socket")
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
         writer.transport.abort()
+
+
+def mode_in(header: bytes, default: str) -> str:
+    """The mode a request's path names (``POST /fault/MODE/v1/...``), else ``default``."""
+    parts = header.split(b" ", 2)
+    path = parts[1].decode(errors="replace") if len(parts) > 1 else ""
+    if path.startswith("/fault/"):
+        return path.split("/")[2]
+    return default
 
 
 @contextlib.contextmanager
