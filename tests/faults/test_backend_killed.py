@@ -1,8 +1,9 @@
 """A backend process SIGKILLed while many streams flow from it through the gateway: every stream on a
 route that can resume reads one whole answer (word0..wordN, each once) continued on the other pool;
 every stream on a route that cannot ends with a clean SSE error event after the words it had; requests
-sent after the kill fall back before their first byte; and the ledger has exactly one row per request,
-its attempt_log naming the second attempt of each request that needed one."""
+that were waiting for their first token fall back to the other pool before any byte, and requests sent
+after the kill go there; the ledger has exactly one row per request, its attempt_log naming the second
+attempt of each request that needed one."""
 
 from __future__ import annotations
 
@@ -19,12 +20,14 @@ import orjson
 import pytest
 
 from tests.conftest import PAID_KEY, Gateway, Upstreams, running_gateway
+from tests.replicas.conftest import eventually
 from tests.servers import ProcessServer, ThreadedServer, free_port, python_module, wait_http
 from tests.spend.conftest import ledger_rows
 from tests.test_resume import HELLO, numbered, policy, second_pool, set_faults, sse_events, stream_text
 
 __all__ = ["second_pool"]  # the fixture: pool-b, the pool streams continue on
 RESUMABLE, CANNOT = 6, 3  # streams in flight on "two-pools" and on "cannot-resume" when pool-a dies
+WAITING = 3  # streams on "two-pools" sent to pool-a that have no first token yet when it dies
 WORDS = 600  # ~6 s at the emulator's real speed: every stream is mid-answer when the kill comes
 WORDS_BEFORE_KILL = 10
 
@@ -106,13 +109,17 @@ def test_many_streams_in_flight_when_their_backend_is_killed(
     )
     try:
         with running_gateway(path) as gateway:
-            check_the_kill(gateway, dying_pool.server)
+            check_the_kill(gateway, dying_pool.server, dying_pool.url)
     finally:
         upstreams.reset()
         httpx.delete(second_pool.url + "/emulator/faults")
 
 
-def check_the_kill(gateway: Gateway, dying_pool: ProcessServer) -> None:
+def arrived(url: str) -> list[object]:
+    return [r for r in httpx.get(url + "/emulator/requests").json() if r["path"].endswith("completions")]
+
+
+def check_the_kill(gateway: Gateway, dying_pool: ProcessServer, pool_a: str) -> None:
     readers = [Reader("two-pools") for _ in range(RESUMABLE)] + [
         Reader("cannot-resume") for _ in range(CANNOT)
     ]
@@ -124,6 +131,13 @@ def check_the_kill(gateway: Gateway, dying_pool: ProcessServer) -> None:
         assert not any(r.done.is_set() for r in readers), [(r.route, r.error, r.body[-200:]) for r in readers]
         assert time.monotonic() < deadline, [r.words for r in readers]
         time.sleep(0.01)
+    # The next requests wait at pool-a for a first token that will not come before the kill.
+    set_faults(pool_a, added_ttft_ms=60_000)
+    waiting = [Reader("two-pools") for _ in range(WAITING)]
+    threads += [threading.Thread(target=r.run, args=(gateway.base_url,), daemon=True) for r in waiting]
+    for thread in threads[len(readers) :]:
+        thread.start()
+    eventually(lambda: len(arrived(pool_a)) == len(readers) + WAITING, timeout=30)
     kill(dying_pool)
     # Sent after the kill: pool-a refuses, or its circuit is open already; either way pool-b answers.
     late = [
@@ -152,13 +166,17 @@ def check_the_kill(gateway: Gateway, dying_pool: ProcessServer) -> None:
             assert "[DONE]" not in events and events[-1]["error"]["code"] == "upstream_stream_broken"
             words = text.split()
             assert WORDS_BEFORE_KILL <= len(words) < WORDS and text == numbered("word", len(words))
+    for reader in waiting:
+        assert reader.error is None and reader.status == 200 and reader.backend == "pool-b", reader.error
+        events = sse_events(reader.body)
+        assert events[-1] == "[DONE]" and stream_text(events, "content") == numbered("word", WORDS)
     for response in late:
         assert response.status_code == 200 and response.headers["x-gateway-backend"] == "pool-b", (
             response.text
         )
         assert '"error"' not in response.text
 
-    total = len(readers) + len(late)
+    total = len(readers) + len(waiting) + len(late)
     ledger = gateway.policy_path.parent / "ledger.sqlite3"
     deadline = time.monotonic() + 30
     while not (ledger.exists() and len(ledger_rows(ledger)) >= total):
@@ -169,12 +187,15 @@ def check_the_kill(gateway: Gateway, dying_pool: ProcessServer) -> None:
     logs = [[(a["backend"], a["status"], a["resumed"]) for a in orjson.loads(r["attempt_log"])] for r in rows]
     resumed = [log for log in logs if log == [("pool-a", "dropped", None), ("pool-b", "ok", "continued")]]
     broken = [log for log in logs if log == [("pool-a", "dropped", None)]]
+    before_a_byte = [
+        log for log in logs if len(log) == 2 and log[0][1] != "ok" and log[1] == ("pool-b", "ok", None)
+    ]
     fell_back = [log for log in logs if log[-1][:2] == ("pool-b", "ok") and log[-1][2] is None]
     assert len(resumed) == RESUMABLE and len(broken) == CANNOT, logs
-    assert len(fell_back) == len(late), logs
+    assert len(before_a_byte) >= WAITING and len(fell_back) == WAITING + len(late), logs
     second_attempts = sum(1 for log in logs if len(log) > 1)
     print(f"{total} requests, {second_attempts} needed a second attempt ({len(resumed)} resumed mid-stream)")
-    refused_first = sum(1 for log in fell_back if len(log) == 2)  # tried pool-a before its circuit opened
-    assert second_attempts == RESUMABLE + refused_first, logs
+    assert second_attempts == RESUMABLE + len(before_a_byte), logs
     errors = {r["error_type"] for r in rows if r["status"] != "ok"}
-    assert [r["status"] for r in rows].count("ok") == RESUMABLE + len(late) and errors == {"dropped"}, errors
+    assert [r["status"] for r in rows].count("ok") == RESUMABLE + WAITING + len(late), rows
+    assert errors == {"dropped"}, errors
