@@ -315,6 +315,9 @@ class StreamRelay:
             if self._meter.transcript is not None and not stopping:
                 resumed = await resume_stream(self._exchange, self._meter, failure)
             if stopping:
+                # The gateway cut it, not the backend: no failure of its to count (a rolling restart
+                # would otherwise open circuits, the fleet's too, on healthy backends).
+                self._attempt.status, self._attempt.error = "cancelled", None
                 failure = AttemptFailure("dropped", SHUTDOWN_MESSAGE)
                 code = SHUTDOWN_CODE
             if resumed is None:
