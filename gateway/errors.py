@@ -174,7 +174,10 @@ _SCRUBBED = (
     (re.compile(r"\b[a-z][a-z0-9+.-]*://\S+", re.IGNORECASE), "[url]"),
     (re.compile(r"\bBearer\s+\S+", re.IGNORECASE), "Bearer [key]"),
     (re.compile(r"\b(?:sk|gwk|key|tok|token|api)[-_][A-Za-z0-9_\-]{6,}", re.IGNORECASE), "[key]"),
-    (re.compile(r"\b[A-Za-z0-9_\-]{32,}\b"), "[key]"),  # a long opaque token: a key, a digest
+    (
+        re.compile(r"\b[A-Za-z0-9_]{32,}\b"),
+        "[key]",
+    ),  # a long opaque token (a key, a digest), not a name-like-this
     (re.compile(r"\[?[0-9a-f:]*:[0-9a-f:]+\]?:\d{2,5}\b|\b[\w.-]+:\d{2,5}\b", re.IGNORECASE), "[host]"),
     (re.compile(r"\b\d{1,3}(?:\.\d{1,3}){3}\b"), "[host]"),
     # A host name without its port: told from "messages.0.content" by the kind of name it ends in.

@@ -14,6 +14,7 @@ KEPT = [
     "messages.0.content is required",
     "max_tokens must be at least 1, got -5",
     "model gpt-4.1 does not support tools; try Qwen2.5-7B-Instruct",
+    "model Qwen2.5-Coder-32B-Instruct-GPTQ-Int4-Long-Context not found",
 ]
 REMOVED = [
     ("see http://10.0.3.7:8000/v1/chat/completions", "10.0.3.7"),
