@@ -12,12 +12,14 @@
 
 Foreign exceptions (the HTTP client library's, asyncio timeouts) are translated once, in the backend
 client, into ``AttemptFailure``; the request path turns the last failure into an ``UpstreamError``.
-Messages never carry backend URLs or credentials: they name backends by their policy name only.
+Messages never carry backend URLs or credentials: they name backends by their policy name only, and
+the one text an upstream writes that is passed on (why it refused a request) is ``scrubbed`` first.
 """
 
 from __future__ import annotations
 
 import math
+import re
 from typing import Any
 
 import orjson
@@ -130,12 +132,14 @@ class UpstreamTimeout(UpstreamError):
 
 class UpstreamClientError(GatewayError):
     """The upstream refused the request itself (bad parameters, context too long): the client's to fix,
-    so it is passed on with the upstream's status instead of being retried elsewhere."""
+    so it is passed on with the upstream's status instead of being retried elsewhere. Its words are the
+    upstream's, so they are scrubbed of what a debug-mode server puts in them (its URL, host, the key it
+    was sent, a traceback); a code or param that is not a plain name is dropped."""
 
     type = "invalid_request_error"
 
     def __init__(self, status: int, message: str, code: str | None = None, param: str | None = None) -> None:
-        super().__init__(message, code=code, param=param)
+        super().__init__(scrubbed(message), code=_plain_name(code), param=_plain_name(param))
         self.status = status
 
 
@@ -161,3 +165,50 @@ class AttemptFailure(Exception):
 
 def error_bytes(status_message: str, type_: str = "server_error", code: str | None = None) -> bytes:
     return orjson.dumps({"error": {"message": status_message, "type": type_, "param": None, "code": code}})
+
+
+# What an upstream's own text may hold that no client of the gateway should read, most specific first.
+_HOST_ENDINGS = "com|net|org|io|ai|dev|cloud|internal|local|lan|svc|corp|example|invalid|localdomain"
+_TRACEBACK = re.compile(r"Traceback \(most recent call last\).*|\s*File \"[^\"]*\", line \d+.*", re.DOTALL)
+_SCRUBBED = (
+    (re.compile(r"\b[a-z][a-z0-9+.-]*://\S+", re.IGNORECASE), "[url]"),
+    (re.compile(r"\bBearer\s+\S+", re.IGNORECASE), "Bearer [key]"),
+    (re.compile(r"\b(?:sk|gwk|key|tok|token|api)[-_][A-Za-z0-9_\-]{6,}", re.IGNORECASE), "[key]"),
+    (
+        re.compile(r"\b[A-Za-z0-9_]{32,}\b"),
+        "[key]",
+    ),  # a long opaque token (a key, a digest), not a name-like-this
+    (re.compile(r"\[?[0-9a-f:]*:[0-9a-f:]+\]?:\d{2,5}\b|\b[\w.-]+:\d{2,5}\b", re.IGNORECASE), "[host]"),
+    (re.compile(r"\b\d{1,3}(?:\.\d{1,3}){3}\b"), "[host]"),
+    # A host name without its port: told from "messages.0.content" by the kind of name it ends in.
+    (re.compile(rf"\b(?:[a-z0-9-]+\.)+(?:{_HOST_ENDINGS})\b|\blocalhost\b", re.IGNORECASE), "[host]"),
+)
+_PLAIN_NAME = re.compile(r"^[A-Za-z0-9_.\[\]-]{1,64}$")
+SCRUBBED_MAX_CHARS = 500
+
+
+def scrubbed(text: str) -> str:
+    """An upstream's message with its URLs, host names and addresses, keys and traceback taken out."""
+    text = _TRACEBACK.sub("", text)
+    for pattern, replacement in _SCRUBBED:
+        text = pattern.sub(replacement, text)
+    text = text.strip()
+    return text if len(text) <= SCRUBBED_MAX_CHARS else text[: SCRUBBED_MAX_CHARS - 3] + "..."
+
+
+def _plain_name(value: str | None) -> str | None:
+    return value if value is not None and _PLAIN_NAME.match(value) and scrubbed(value) == value else None
+
+
+def scrubbed_error(error: Any) -> dict[str, Any]:
+    """An upstream's OpenAI error object as a client may read it: its words scrubbed, its code, type and
+    param kept only when they are plain names."""
+    if not isinstance(error, dict):
+        return {"message": scrubbed(str(error)), "type": "upstream_error", "param": None, "code": None}
+    kind = error.get("type")
+    return {
+        "message": scrubbed(str(error.get("message", ""))),
+        "type": _plain_name(kind if isinstance(kind, str) else None) or "upstream_error",
+        "param": _plain_name(error.get("param") if isinstance(error.get("param"), str) else None),
+        "code": _plain_name(None if error.get("code") is None else str(error.get("code"))),
+    }

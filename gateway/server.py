@@ -93,6 +93,7 @@ def serve(
             "ledger": ledger_path,
             "redis_url": redis_url,
             "require_keys": require_keys,
+            "grace_s": grace_s,
         }
         return _serve_workers(
             worker, host=host, port=port, log_level=log_level, workers=workers, metrics_port=metrics_port
@@ -193,13 +194,22 @@ class AnnouncingServer(uvicorn.Server):
         self._loop.call_soon_threadsafe(self._begin_drain, runtime)
 
     def _begin_drain(self, runtime: Runtime) -> None:
-        async def drain_then_exit() -> None:
-            try:
-                await runtime.drain.run(self._grace_s)
-            finally:
-                self.should_exit = True  # uvicorn closes the listeners, then the app: the ledger flushes
+        def exit_now() -> None:
+            self.should_exit = True  # uvicorn closes the listeners, then the app: the ledger flushes
 
-        self._draining = asyncio.get_running_loop().create_task(drain_then_exit())
+        self._draining = drain_then(runtime, self._grace_s, exit_now)
+
+
+def drain_then(runtime: Runtime, grace_s: float, stop: Callable[[], None]) -> asyncio.Task[None]:
+    """Drain (``gateway.request.drain``) in the running loop, then ``stop`` the server, however it went."""
+
+    async def drain_then_stop() -> None:
+        try:
+            await runtime.drain.run(grace_s)
+        finally:
+            stop()
+
+    return asyncio.get_running_loop().create_task(drain_then_stop())
 
 
 def _serve_workers(
@@ -253,7 +263,7 @@ def _serve_workers(
         # The socket listens already: connections wait in its backlog until a worker accepts them.
         log.info("gateway serving on http://%s:%d/v1 with %d workers", host, port, workers)
         log.info("ledger: %s", worker["ledger"])
-        Multiprocess(config, sockets=[sock]).run()
+        PromptSupervisor(config, sockets=[sock]).run()
     except KeyboardInterrupt:
         pass
     finally:
@@ -265,11 +275,23 @@ def _serve_workers(
     return 0
 
 
+class PromptSupervisor(Multiprocess):
+    """uvicorn's supervisor, passing SIGTERM on to its workers at once: its own loop looks at signals
+    only every half second, and /ready must fail the moment the pod is told to stop."""
+
+    def __init__(self, config: uvicorn.Config, sockets: list[socket.socket]) -> None:
+        super().__init__(config, sockets)
+        signal.signal(signal.SIGTERM, self._stop_now)
+
+    def _stop_now(self, sig: int, frame: FrameType | None) -> None:
+        self.should_exit.set()  # run() leaves its wait now and sends each worker SIGTERM (WorkerDrain)
+
+
 def worker_app() -> GatewayApp:
     """One worker's app, configured by its parent (``serve --workers``) through the environment."""
     config = json.loads(os.environ[WORKER_CONFIG_ENV])
     holder = PolicyHolder(config["policy"])
-    return create_app(
+    app = create_app(
         lambda: Runtime(
             holder,
             require_keys=bool(config["require_keys"]),
@@ -277,6 +299,51 @@ def worker_app() -> GatewayApp:
             redis_url=config["redis_url"],
         )
     )
+    WorkerDrain(app, float(config.get("grace_s", DEFAULT_GRACE_S))).install()
+    return app
+
+
+class WorkerDrain:
+    """A worker of ``serve --workers`` stops as the single process does. On SIGTERM uvicorn's supervisor
+    (0.54: ``Multiprocess.terminate_all``) sends each worker SIGTERM, and a worker's plain uvicorn
+    ``Server`` would close its listener at once and wait for open streams without end, /ready never
+    failing and no stream ever told why it ended. This handler takes SIGTERM first: it drains, then hands
+    the signal to uvicorn's own handler, whose shutdown closes the app (the ledger flushes).
+
+    Installed from ``worker_app``, which uvicorn calls while loading the app inside ``Server.serve``:
+    the loop runs and uvicorn's handler is already the one in place. A second SIGTERM stops at once."""
+
+    def __init__(self, app: GatewayApp, grace_s: float) -> None:
+        self._app = app
+        self._grace_s = grace_s
+        self._uvicorn_exit = signal.getsignal(signal.SIGTERM)
+        self._signalled = False
+        self._draining: asyncio.Task[None] | None = None  # held: the loop keeps only weak references
+        try:
+            self._loop: asyncio.AbstractEventLoop | None = asyncio.get_running_loop()
+        except RuntimeError:
+            self._loop = None  # built outside a server (a test, a script): nothing to drain for
+
+    def install(self) -> None:
+        if self._loop is not None and callable(self._uvicorn_exit):
+            signal.signal(signal.SIGTERM, self._handle)
+
+    def _handle(self, sig: int, frame: FrameType | None) -> None:
+        runtime = getattr(self._app.state, "runtime", None)
+        if self._signalled or self._loop is None or not isinstance(runtime, Runtime):
+            self._pass_on(sig)  # a second signal, or the app has not started: uvicorn stops now
+            return
+        self._signalled = True
+        runtime.drain.draining = True  # /ready fails from this instant
+        self._loop.call_soon_threadsafe(self._begin, runtime, sig)
+
+    def _begin(self, runtime: Runtime, sig: int) -> None:
+        self._draining = drain_then(runtime, self._grace_s, lambda: self._pass_on(sig))
+
+    def _pass_on(self, sig: int) -> None:
+        exit_handler = self._uvicorn_exit
+        if callable(exit_handler):
+            exit_handler(sig, None)
 
 
 def _exit_cleanly(signum: int, frame: FrameType | None) -> None:

@@ -52,6 +52,10 @@ class Drain:
         log.warning("grace period over: ending %d requests still in flight", len(self.streams))
         self.ended = True
         for exchange in list(self.streams):
+            if not exchange.response_ended:  # (one whose [DONE] is out ended well: leave its row "ok")
+                # Named before the cut, so the row and the metrics say why the stream broke off: the
+                # relay would otherwise record the cut as the upstream's own "dropped".
+                exchange.fail(SHUTDOWN_CODE)
             exchange.stop()
         await self._all_closed_within(SETTLE_S)
 

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 import orjson
 
 from gateway.backends import UpstreamCall
-from gateway.errors import AttemptFailure, error_bytes
+from gateway.errors import AttemptFailure, error_bytes, scrubbed_error
 from gateway.request.dialect import REASONING_FIELDS, counted_usage, insert_usage_cost, usage_from
 from gateway.request.drain import SHUTDOWN_CODE, SHUTDOWN_MESSAGE
 from gateway.request.observation import Attempt, Usage
@@ -42,6 +42,7 @@ class StreamMeter:
         "_attempt",
         "_client_wants_usage",
         "_prompt_tokens",
+        "_scrubbed",
         "_sep",
         "_tail",
         "answer_chunks",
@@ -76,6 +77,7 @@ class StreamMeter:
         self.corrupt = False  # an event no client can read came by: the stream is broken there
         self.final_usage = False  # the usage-only chunk for the client went by: it gets the cost
         self.upstream_error: Any = None
+        self._scrubbed: bytes | None = None  # the upstream's error event, as the client may see it
 
     def saw_done(self) -> bool:
         """Whether ``data: [DONE]`` went by: the stream is complete for the client."""
@@ -110,6 +112,9 @@ class StreamMeter:
                 kept.append(event)
             else:
                 dropped = True
+                if self._scrubbed is not None:
+                    kept.append(self._scrubbed)
+                    self._scrubbed = None
                 if self.corrupt:  # nothing after it is forwarded; the relay ends the stream here
                     self._tail = b""
                     break
@@ -143,8 +148,11 @@ class StreamMeter:
         if not choices:
             if "error" in obj:
                 self.upstream_error = obj["error"]
-                # Where the stream may be resumed, the client sees the resumed answer or our own error.
-                return transcript is None
+                # Where the stream may be resumed, the client sees the resumed answer or our own error;
+                # elsewhere the upstream's, in words scrubbed of its URL, host, keys and traceback.
+                if transcript is None:
+                    self._scrubbed = b"data: " + orjson.dumps({"error": scrubbed_error(obj["error"])})
+                return False
             if usage and self._client_wants_usage:
                 self.final_usage = True
                 return True
@@ -304,6 +312,9 @@ class StreamRelay:
             if self._meter.transcript is not None and not stopping:
                 resumed = await resume_stream(self._exchange, self._meter, failure)
             if stopping:
+                # The gateway cut it, not the backend: no failure of its to count (a rolling restart
+                # would otherwise open circuits, the fleet's too, on healthy backends).
+                self._attempt.status, self._attempt.error = "cancelled", None
                 failure = AttemptFailure("dropped", SHUTDOWN_MESSAGE)
                 code = SHUTDOWN_CODE
             if resumed is None:

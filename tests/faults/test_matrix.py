@@ -1,7 +1,7 @@
 """The fault matrix: one upstream fault per case, on the first backend of a two-backend route. Before
 the client has a byte the gateway falls back to the healthy backend; after it, the stream ends with a
 clean SSE error event. Either way the ledger has the request's row, the metrics and the circuit count
-the failed attempt, and no task, open stream or budget reservation is left behind."""
+the failed attempt, and no task, open stream, budget reservation or socket is left behind."""
 
 from __future__ import annotations
 
@@ -24,6 +24,7 @@ from bench.reliability.faulty_upstream import (
     faulty_upstream,
 )
 from tests.conftest import Gateway, Upstreams, running_gateway
+from tests.faults.sockets import Connection, connections_to, held_connections
 from tests.servers import free_port
 
 FALLBACK, MID_STREAM = "fallback", "error event"
@@ -37,11 +38,16 @@ class Case:
     error_type: str  # the metric's type label for the failed attempt
     raw: str | None = None  # the raw upstream's mode, or
     knobs: dict[str, Any] = field(default_factory=dict)  # the llama.cpp emulator's fault knobs
+    # Connections to the faulty upstream the gateway may keep open after: one, pooled for reuse, when
+    # its answer was a whole HTTP response; none when the answer broke (a broken one is never reused).
+    pooled: int = 0
 
 
 CASES = [
-    Case("upstream 500", False, FALLBACK, "http_5xx", knobs={"error_rate": 1.0, "error_status": 500}),
-    Case("429 with Retry-After", True, FALLBACK, "http_429", raw="http_429"),
+    Case(
+        "upstream 500", False, FALLBACK, "http_5xx", knobs={"error_rate": 1.0, "error_status": 500}, pooled=1
+    ),
+    Case("429 with Retry-After", True, FALLBACK, "http_429", raw="http_429", pooled=1),
     Case("connection refused", True, FALLBACK, "upstream_error", raw="refused"),
     Case("connection reset", False, FALLBACK, "upstream_error", raw="reset"),
     Case("hang before the first byte", True, FALLBACK, "timeout", knobs={"hang": True}),
@@ -50,7 +56,9 @@ CASES = [
     Case("garbage bytes in the SSE stream", True, MID_STREAM, "dropped", raw="garbage_sse"),
     Case("truncated JSON answer", False, FALLBACK, "upstream_error", raw="truncated_json"),
     Case("one byte per second", True, FALLBACK, "timeout", raw="trickle"),
-    Case("200 with an OpenAI error body", False, FALLBACK, "upstream_error", raw="ok_with_error_body"),
+    Case(
+        "200 with an OpenAI error body", False, FALLBACK, "upstream_error", raw="ok_with_error_body", pooled=1
+    ),
 ]
 
 
@@ -149,6 +157,7 @@ def test_fault(case: Case, upstreams: Upstreams, raw_upstream: FaultyUpstream, t
     try:
         with running_gateway(path) as gateway:
             ask_and_check(gateway, case)
+            check_no_socket_leaks(gateway, case, port_of(faulty_url), port_of(upstreams.vllm.url))
     finally:
         upstreams.reset()
         raw_upstream.mode = "ok"
@@ -231,3 +240,31 @@ def test_429_on_the_only_backend_passes_its_retry_after_on(
             assert reserved_usd(gateway) == pytest.approx(0.0, abs=1e-12)
     finally:
         raw_upstream.mode = "ok"
+
+
+def port_of(url: str) -> int:
+    return int(url.rsplit(":", 1)[1])
+
+
+def check_no_socket_leaks(gateway: Gateway, case: Case, faulty_port: int, good_port: int) -> None:
+    """The gateway's side of every connection, by file descriptor (the upstreams and the client run in
+    this process too, but only the gateway connects to the upstreams' ports or is connected to on its
+    own): the broken answer's connection is closed, the healthy backend keeps at most its one pooled
+    connection, and the client's connection, closed by the client, is closed by the gateway too."""
+    gateway_port = port_of(gateway.url)
+
+    def held() -> tuple[list[Connection], list[Connection], list[Connection]]:
+        inbound = [c for c in held_connections() if c.local_port == gateway_port and c.state != "LISTEN"]
+        return connections_to(faulty_port), connections_to(good_port), inbound
+
+    deadline = time.monotonic() + 10  # closing is asynchronous: bound the wait, not the time it takes
+    while True:
+        faulty, good, inbound = held()
+        within = len(faulty) <= case.pooled and len(good) <= 1 and not inbound
+        if within or time.monotonic() > deadline:
+            break
+        time.sleep(0.05)
+    assert len(faulty) <= case.pooled, f"connections to the faulty upstream left open: {faulty}"
+    assert all(c.state == "ESTABLISHED" for c in faulty), f"a pooled connection is a live one: {faulty}"
+    assert len(good) <= 1, f"more than the one pooled connection to the healthy backend: {good}"
+    assert not inbound, f"the client's connection is still open on the gateway's side: {inbound}"
