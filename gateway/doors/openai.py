@@ -49,6 +49,7 @@ class OpenAIDoor:
             not isinstance(max_tokens, int) or isinstance(max_tokens, bool) or max_tokens < 1
         ):
             raise InvalidRequest("'max_tokens' must be a positive integer", param="max_tokens")
+        check_numbers(payload)
         chars = prompt_chars(payload)
         return ClientRequest(
             payload=payload,
@@ -119,6 +120,7 @@ def translated_request(
     request = json_object(body)
     route = route_of(request.get("model"), policy)
     payload = to_chat(request)
+    check_numbers(payload)
     chars = prompt_chars(payload)
     return ClientRequest(
         payload=payload,
@@ -129,6 +131,33 @@ def translated_request(
         prompt_tokens=estimate_tokens(chars, chars_per_token),
         max_tokens=payload.get("max_tokens"),
     )
+
+
+# The sampling numbers a chat or completions request may carry, with the range OpenAI documents: a
+# value outside it is the client's mistake, told as a 400 here rather than left to each upstream (some
+# answer it with a 500, which would read as the backend failing and open its circuit).
+NUMBER_RANGES: dict[str, tuple[float, float, bool]] = {  # field: (least, most, whole numbers only)
+    "temperature": (0.0, 2.0, False),
+    "top_p": (0.0, 1.0, False),
+    "presence_penalty": (-2.0, 2.0, False),
+    "frequency_penalty": (-2.0, 2.0, False),
+    "n": (1, 128, True),
+    "top_logprobs": (0, 20, True),
+    "seed": (-(2**63), 2**63 - 1, True),
+}
+
+
+def check_numbers(payload: dict[str, Any]) -> None:
+    """InvalidRequest naming the first sampling number that is not a number in its range."""
+    for name, (least, most, whole) in NUMBER_RANGES.items():
+        value = payload.get(name)
+        if value is None:
+            continue
+        number = isinstance(value, int) or (isinstance(value, float) and not whole)
+        if isinstance(value, bool) or not number or not least <= value <= most:
+            kind = "an integer" if whole else "a number"
+            span = f"{int(least)} to {int(most)}" if whole else f"{least:g} to {most:g}"
+            raise InvalidRequest(f"'{name}' must be {kind} from {span}", param=name)
 
 
 def json_object(body: bytes) -> dict[str, Any]:

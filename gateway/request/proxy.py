@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
+import time
 from typing import Any
 
 import orjson
@@ -20,27 +22,45 @@ from gateway.backends import UpstreamCall
 from gateway.doors import Door
 from gateway.errors import (
     AttemptFailure,
+    BodyTimeout,
     BodyTooLarge,
     GatewayError,
     InternalError,
     NoRouteAvailable,
+    Overloaded,
     UpstreamError,
     UpstreamTimeout,
 )
+from gateway.money.costs import bounded_max_tokens
 from gateway.request.auth import authorize_route
 from gateway.request.dialect import insert_usage_cost, read_completion, unusable_answer
 from gateway.request.exchange import ClientRequest, Exchange
 from gateway.request.observation import Attempt, Observation
 from gateway.request.resume import transcript_for
 from gateway.request.streaming import StreamMeter, StreamRelay, first_events
-from gateway.request.waiting import worth_waiting
+from gateway.request.waiting import retry_after_seconds, worth_waiting
 from gateway.runtime import Runtime
 
 log = logging.getLogger("gateway")
 
 
 async def serve(runtime: Runtime, door: Door, scope: Scope, receive: Receive, send: Send) -> None:
-    """One request through ``door`` as a bare ASGI call; every error becomes the door's error body here."""
+    """One request through ``door`` as a bare ASGI call, unless the process is at its bound of requests
+    in flight: then it is shed at once, its body unread (``request.admission``)."""
+    server = runtime.policy.server
+    if not runtime.in_flight.enter(server.max_in_flight):
+        refusal = Overloaded(server.max_in_flight, server.shed_retry_after_s)
+        runtime.error_returned(refusal)
+        await door.error_response(refusal)(scope, receive, send)
+        return
+    try:
+        await serve_admitted(runtime, door, scope, receive, send)
+    finally:
+        runtime.in_flight.leave()
+
+
+async def serve_admitted(runtime: Runtime, door: Door, scope: Scope, receive: Receive, send: Send) -> None:
+    """One request through ``door``; every error becomes the door's error body here."""
     request = Request(scope, receive)
     exchange = Exchange(runtime, door, request_id(request.headers, runtime))
     try:
@@ -72,9 +92,11 @@ async def serve(runtime: Runtime, door: Door, scope: Scope, receive: Receive, se
 async def answer(exchange: Exchange, request: Request, receive: Receive) -> Response | StreamRelay:
     runtime, policy = exchange.runtime, exchange.policy
     exchange.key = runtime.authenticate(policy, request.headers)
-    body = await read_body(request, policy.max_body_bytes)
+    body = await read_body(request, policy.max_body_bytes, policy.server.body_timeout_s)
     exchange.watch_client(receive)
     client = exchange.client = exchange.door.parse(body, policy, policy.tuning.chars_per_token)
+    candidates = (policy.backends[name] for name in client.route.backends)
+    client.max_tokens = bounded_max_tokens(client.max_tokens, client.prompt_tokens, candidates)
     authorize_route(exchange.key, client.route.name)
     observation = exchange.observation = Observation(
         request_id=exchange.request_id,
@@ -203,17 +225,23 @@ async def complete_once(exchange: Exchange, attempt: Attempt, call: UpstreamCall
     return reply
 
 
-async def read_body(request: Request, limit: int) -> bytes:
+async def read_body(request: Request, limit: int, timeout_s: float) -> bytes:
+    """The whole body, at most ``limit`` bytes, within ``timeout_s``: a client that trickles it (or
+    declares more than it sends) is answered 408 and its connection closed, instead of holding a place."""
     declared = request.headers.get("content-length")
     if declared is not None and declared.isdigit() and int(declared) > limit:
         raise BodyTooLarge(f"request body is {int(declared)} bytes; the limit is {limit}")
     chunks: list[bytes] = []
     size = 0
-    async for chunk in request.stream():
-        size += len(chunk)
-        if size > limit:
-            raise BodyTooLarge(f"request body exceeds the limit of {limit} bytes")
-        chunks.append(chunk)
+    try:
+        async with asyncio.timeout(timeout_s):
+            async for chunk in request.stream():
+                size += len(chunk)
+                if size > limit:
+                    raise BodyTooLarge(f"request body exceeds the limit of {limit} bytes")
+                chunks.append(chunk)
+    except TimeoutError:
+        raise BodyTimeout(f"the request body did not arrive within {timeout_s:g}s") from None
     return b"".join(chunks)
 
 
@@ -262,13 +290,22 @@ def final_error(failure: AttemptFailure | None, attempts: int) -> GatewayError:
     if failure.kind == "timeout":
         return UpstreamTimeout(f"no backend answered in time ({tried}; last: {failure.message})")
     return UpstreamError(
-        f"every backend failed ({tried}; last: {failure.message})", retry_after=failure.retry_after
+        f"every backend failed ({tried}; last: {failure.message})",
+        retry_after=retry_after_header(failure.retry_after),
     )
+
+
+def retry_after_header(upstream_value: str | None) -> str | None:
+    """An upstream's Retry-After as whole seconds: whatever text it sent never reaches a client's header."""
+    if not upstream_value:
+        return None
+    return str(max(1, math.ceil(min(retry_after_seconds(upstream_value, time.time()), 3600.0))))
 
 
 def request_id(headers: Headers, runtime: Runtime) -> str:
     """The client's ``x-request-id`` when it looks like one, so logs can be joined; else a new one."""
     given = headers.get("x-request-id", "")
-    if 0 < len(given) <= 64 and given.replace("-", "").replace("_", "").isalnum():
+    # ASCII letters, digits, - and _ only: it goes back in a response header and into logs.
+    if 0 < len(given) <= 64 and given.isascii() and given.replace("-", "").replace("_", "").isalnum():
         return given
     return runtime.new_request_id()
