@@ -122,7 +122,9 @@ class Overloaded(GatewayError):
         self.retry_after = str(retry_after_s)
 
     def headers(self) -> dict[str, str]:
-        return {"retry-after": self.retry_after}
+        # The connection closes too: a shed request's body may be unread, and a client could otherwise
+        # keep trickling it for ever; and fewer kept-alive connections is what an overloaded server wants.
+        return {"retry-after": self.retry_after, "connection": "close"}
 
 
 class BackendsBusy(GatewayError):

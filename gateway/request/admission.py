@@ -1,9 +1,11 @@
-"""The process-wide bound on completion requests in flight: the first gate a request meets, before its
-body is read, so that shedding a flood costs a counter and a short answer, and nothing it refuses holds a
-reservation, a task of its own or an upstream connection.
+"""The process-wide bound on completion requests in flight, checked twice: at the door, before the
+body is read, so that shedding a flood costs a counter and a short answer; and once the body is in, when
+the request takes its place, so that the bound holds strictly for what does hold resources (upstream
+connections, reservations, the request's task). Nothing it refuses holds any of them.
 
-Behind it, each route's ``waiting`` queue bounds who waits for a busy backend; together they keep every
-queue of the process bounded, and with them its memory.
+A body still arriving holds no place: a client that trickles one (slow-loris) cannot crowd out the
+others, and is cut by ``server.body_timeout_s`` instead. Behind this bound each route's ``waiting``
+queue bounds who waits for a busy backend; together they keep every queue of the process bounded.
 """
 
 from __future__ import annotations
@@ -17,12 +19,18 @@ class InFlight:
     def __init__(self) -> None:
         self.count = 0
         self.peak = 0  # the most at once since start: what an operator sizes ``max_in_flight`` from
-        self.shed = 0  # refused at the gate since start
+        self.shed = 0  # refused since start, at the door or at taking a place
 
-    def enter(self, limit: int) -> bool:
-        """Take a place if one of ``limit`` is free; False means the request is to be shed."""
+    def has_room(self, limit: int) -> bool:
+        """Whether a request arriving now could take a place; False counts it shed."""
         if self.count >= limit:
             self.shed += 1
+            return False
+        return True
+
+    def enter(self, limit: int) -> bool:
+        """Take a place if one of ``limit`` is free; False counts the request shed."""
+        if not self.has_room(limit):
             return False
         self.count += 1
         if self.count > self.peak:

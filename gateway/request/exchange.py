@@ -53,6 +53,7 @@ class Exchange:
         "client_gone",
         "decision",
         "door",
+        "in_flight",
         "key",
         "observation",
         "order",
@@ -81,6 +82,7 @@ class Exchange:
         self.client_gone = False
         self.response_ended = False  # the client has the whole response: a hang-up now is normal
         self.settled = False
+        self.in_flight = False  # holds one of the process's places (``request.admission``)
         self._current: tuple[Attempt, AttemptTicket] | None = None
         self._upstream: Upstream | None = None  # the attempt in flight's open answer
         self._watcher: asyncio.Task[None] | None = None

@@ -45,24 +45,27 @@ log = logging.getLogger("gateway")
 
 
 async def serve(runtime: Runtime, door: Door, scope: Scope, receive: Receive, send: Send) -> None:
-    """One request through ``door`` as a bare ASGI call, unless the process is at its bound of requests
-    in flight: then it is shed at once, its body unread (``request.admission``)."""
+    """One request through ``door`` as a bare ASGI call; every error becomes the door's error body here.
+    A process at its bound of requests in flight sheds it at once, its body unread (``request.admission``)."""
     server = runtime.policy.server
-    if not runtime.in_flight.enter(server.max_in_flight):
+    if not runtime.in_flight.has_room(server.max_in_flight):
         refusal = Overloaded(server.max_in_flight, server.shed_retry_after_s)
         runtime.error_returned(refusal)
         await door.error_response(refusal)(scope, receive, send)
         return
-    try:
-        await serve_admitted(runtime, door, scope, receive, send)
-    finally:
-        runtime.in_flight.leave()
-
-
-async def serve_admitted(runtime: Runtime, door: Door, scope: Scope, receive: Receive, send: Send) -> None:
-    """One request through ``door``; every error becomes the door's error body here."""
     request = Request(scope, receive)
     exchange = Exchange(runtime, door, request_id(request.headers, runtime))
+    try:
+        await serve_exchange(exchange, request, scope, receive, send)
+    finally:
+        if exchange.in_flight:
+            runtime.in_flight.leave()
+
+
+async def serve_exchange(
+    exchange: Exchange, request: Request, scope: Scope, receive: Receive, send: Send
+) -> None:
+    runtime, door = exchange.runtime, exchange.door
     try:
         response: Response | StreamRelay = await answer(exchange, request, receive)
     except GatewayError as exc:
@@ -92,7 +95,12 @@ async def serve_admitted(runtime: Runtime, door: Door, scope: Scope, receive: Re
 async def answer(exchange: Exchange, request: Request, receive: Receive) -> Response | StreamRelay:
     runtime, policy = exchange.runtime, exchange.policy
     exchange.key = runtime.authenticate(policy, request.headers)
-    body = await read_body(request, policy.max_body_bytes, policy.server.body_timeout_s)
+    server = policy.server
+    body = await read_body(request, policy.max_body_bytes, server.body_timeout_s)
+    # The place is taken once the body is in: a body still trickling holds none.
+    exchange.in_flight = runtime.in_flight.enter(server.max_in_flight)
+    if not exchange.in_flight:
+        raise Overloaded(server.max_in_flight, server.shed_retry_after_s)
     exchange.watch_client(receive)
     client = exchange.client = exchange.door.parse(body, policy, policy.tuning.chars_per_token)
     candidates = (policy.backends[name] for name in client.route.backends)

@@ -7,7 +7,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import socket
 import sqlite3
+import time
 from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
@@ -34,7 +36,7 @@ def gateway(pool: ThreadedServer, tmp_path_factory: pytest.TempPathFactory) -> I
     policy = pool_policy(
         pool,
         server=f"max_in_flight: {IN_FLIGHT}, shed_retry_after_s: 2",
-        route="waiting: {max_wait_s: 1, max_waiting: 4}",
+        route="waiting: {max_wait_s: 1, max_waiting: 16}",  # the gate binds first: 2 seats + 6 waiting
         backend=f"max_concurrency: {SEATS}",
     )
     tmp = tmp_path_factory.mktemp("overload")
@@ -91,6 +93,7 @@ def test_ten_times_capacity_is_shed_early_with_retry_after(gateway: ServedGatewa
         if response.status_code == 503:
             assert error_of(response)["code"] == "gateway_overloaded"
             assert response.headers["retry-after"] == "2"
+            assert response.headers["connection"] == "close"  # its body may be unread: no trickling on
         elif response.status_code == 429:
             assert error_of(response)["code"] == "backends_busy"
             assert int(response.headers["retry-after"]) >= 1
@@ -141,3 +144,32 @@ def test_memory_stays_bounded_under_repeated_overload(gateway: ServedGateway) ->
     # noise on a busy machine stays well inside this bound.
     assert pss_bytes(gateway.pid) - warm < 24 * 1024 * 1024
     assert gateway.ready()["in_flight"]["now"] == 0
+
+
+def test_bodies_still_arriving_hold_no_place(gateway: ServedGateway) -> None:
+    """More slow-body clients than there are places: the requests that arrive whole are still served."""
+    host, port = gateway.url.removeprefix("http://").split(":")
+    tricklers = [socket.create_connection((host, int(port)), timeout=HANG_S) for _ in range(IN_FLIGHT + 4)]
+    try:
+        for sock in tricklers:
+            sock.sendall(
+                b"POST /v1/chat/completions HTTP/1.1\r\nhost: gw\r\ncontent-type: application/json\r\n"
+                b"content-length: 1000\r\n\r\n{"
+            )
+        for _ in range(3):
+            for sock in tricklers:
+                sock.sendall(b" ")
+            time.sleep(0.3)
+        answers = [
+            httpx.post(
+                gateway.url + "/v1/chat/completions",
+                json={"model": "kimi-k3", "messages": [{"role": "user", "content": "whole"}]},
+                timeout=HANG_S,
+            ).status_code
+            for _ in range(3)
+        ]
+        assert answers == [200, 200, 200]
+        assert gateway.ready()["in_flight"]["now"] == 0
+    finally:
+        for sock in tricklers:
+            sock.close()
