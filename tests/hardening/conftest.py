@@ -61,13 +61,13 @@ tuning: {{probes: {{enabled: false}}}}
 
 
 @contextlib.contextmanager
-def served_gateway(tmp_path: Path, policy_text: str) -> Iterator[ServedGateway]:
+def served_gateway(tmp_path: Path, policy_text: str, *extra: str) -> Iterator[ServedGateway]:
     policy = tmp_path / "policy.yaml"
     policy.write_text(policy_text)
     port = free_port()
     args = python_module(
         "gateway", "serve", "--policy", str(policy), "--port", str(port),
-        "--ledger", str(tmp_path / "ledger.sqlite3"), "--grace-s", "5",
+        "--ledger", str(tmp_path / "ledger.sqlite3"), "--grace-s", "5", *extra,
     )  # fmt: skip
     log = tmp_path / "gateway.log"
     process = ProcessServer(args, env={"LITELLM_LOCAL_MODEL_COST_MAP": "True"}, log_path=str(log))

@@ -15,6 +15,7 @@ import httpx
 import pytest
 
 from gateway.money.costs import DEFAULT_CONTEXT_WINDOW
+from gateway.request.proxy import retry_after_header
 from tests.conftest import PAID_KEY, Gateway, Upstreams, policy_yaml, running_gateway
 
 MESSAGES = b'[{"role": "user", "content": "hi"}]'
@@ -185,3 +186,20 @@ def test_without_a_context_window_the_default_bound_holds(gateway: Gateway) -> N
     assert post(gateway, "/v1/chat/completions", body).status_code == 200
     observation = gateway.runtime.recent[-1]
     assert observation.max_tokens is not None and observation.max_tokens <= DEFAULT_CONTEXT_WINDOW
+
+
+@pytest.mark.parametrize(
+    ("upstream", "client"),
+    [
+        ("7", "7"),
+        ("0.2", "1"),
+        ("soon\r\nx-injected: 1", "1"),
+        ("99999999", "3600"),
+        ("", None),
+        (None, None),
+    ],
+)
+def test_an_upstream_retry_after_reaches_the_client_as_whole_seconds(
+    upstream: str | None, client: str | None
+) -> None:
+    assert retry_after_header(upstream) == client

@@ -164,3 +164,13 @@ def pss_bytes(pid: int) -> int:
         if line.startswith("Pss:"):
             return int(line.split()[1]) * 1024
     return 0
+
+
+def test_workers_cut_slow_headers_too(pool: ThreadedServer, tmp_path: Path) -> None:
+    """``serve --workers`` builds its own uvicorn config: its workers get the same protocol."""
+    with served_gateway(tmp_path, pool_policy(pool, "header_timeout_s: 1"), "--workers", "2") as gateway:
+        socks = [connect(gateway) for _ in range(4)]  # spread over both workers
+        for sock in socks:
+            sock.send(b"GET /health HTTP/1.1\r\n")
+        received = trickle_until_closed(socks, b"x-slow: " + b"c" * 64)
+    assert [status_and_error(raw)[0] for raw in received] == [408] * 4
