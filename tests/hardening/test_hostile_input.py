@@ -55,6 +55,19 @@ OUT_OF_RANGE = [
 ]
 
 
+@pytest.fixture(scope="module")
+def gateway(upstreams: Upstreams, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Gateway]:
+    """One gateway for the module: nothing here changes its state but for a few ledger rows."""
+    upstreams.reset()
+    path = tmp_path_factory.mktemp("hostile") / "policy.yaml"
+    path.write_text(policy_yaml(upstreams))
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("TEST_PAID_API_KEY", PAID_KEY)
+        with running_gateway(path) as gateway:
+            yield gateway
+    upstreams.reset()
+
+
 def post(gateway: Gateway, path: str, body: bytes, **headers: str) -> httpx.Response:
     return httpx.post(
         gateway.url + path, content=body, headers={"content-type": "application/json", **headers}, timeout=60
