@@ -9,7 +9,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import math
-import time
 from typing import Any
 
 import orjson
@@ -177,7 +176,7 @@ async def attempt_in_order(
         order = await runtime.wait_for_candidate(exchange)
         return await attempt_in_order(exchange, client, observation, order)
     exchange.fail("upstream_failed")
-    raise final_error(failure, len(observation.attempts))
+    raise final_error(failure, len(observation.attempts), runtime.wall_clock())
 
 
 async def open_stream(exchange: Exchange, attempt: Attempt, call: UpstreamCall) -> StreamRelay:
@@ -291,7 +290,7 @@ def response_headers(exchange: Exchange, content_type: str) -> list[tuple[bytes,
     return headers
 
 
-def final_error(failure: AttemptFailure | None, attempts: int) -> GatewayError:
+def final_error(failure: AttemptFailure | None, attempts: int, wall_now: float) -> GatewayError:
     if failure is None:
         return UpstreamTimeout("the route's deadline passed before any backend could be tried")
     tried = f"{attempts} attempt{'s' if attempts != 1 else ''}"
@@ -299,15 +298,15 @@ def final_error(failure: AttemptFailure | None, attempts: int) -> GatewayError:
         return UpstreamTimeout(f"no backend answered in time ({tried}; last: {failure.message})")
     return UpstreamError(
         f"every backend failed ({tried}; last: {failure.message})",
-        retry_after=retry_after_header(failure.retry_after),
+        retry_after=retry_after_header(failure.retry_after, wall_now),
     )
 
 
-def retry_after_header(upstream_value: str | None) -> str | None:
+def retry_after_header(upstream_value: str | None, wall_now: float) -> str | None:
     """An upstream's Retry-After as whole seconds: whatever text it sent never reaches a client's header."""
     if not upstream_value:
         return None
-    return str(max(1, math.ceil(min(retry_after_seconds(upstream_value, time.time()), 3600.0))))
+    return str(max(1, math.ceil(min(retry_after_seconds(upstream_value, wall_now), 3600.0))))
 
 
 def request_id(headers: Headers, runtime: Runtime) -> str:

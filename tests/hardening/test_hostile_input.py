@@ -206,6 +206,7 @@ def test_without_a_context_window_the_default_bound_holds(gateway: Gateway) -> N
     [
         ("7", "7"),
         ("0.2", "1"),
+        ("Thu, 01 Jan 1970 00:00:10 GMT", "10"),
         ("soon\r\nx-injected: 1", "1"),
         ("99999999", "3600"),
         ("", None),
@@ -215,4 +216,4 @@ def test_without_a_context_window_the_default_bound_holds(gateway: Gateway) -> N
 def test_an_upstream_retry_after_reaches_the_client_as_whole_seconds(
     upstream: str | None, client: str | None
 ) -> None:
-    assert retry_after_header(upstream) == client
+    assert retry_after_header(upstream, 0.0) == client
