@@ -173,3 +173,21 @@ def test_bodies_still_arriving_hold_no_place(gateway: ServedGateway) -> None:
     finally:
         for sock in tricklers:
             sock.close()
+
+
+async def messages_burst(gateway: ServedGateway, count: int) -> list[httpx.Response]:
+    limits = httpx.Limits(max_connections=count, max_keepalive_connections=count)
+    body = {"model": "kimi-k3", "max_tokens": 64, "messages": [{"role": "user", "content": "hi"}]}
+    async with httpx.AsyncClient(base_url=gateway.url, timeout=HANG_S, limits=limits) as client:
+        return list(await asyncio.gather(*(client.post("/v1/messages", json=body) for _ in range(count))))
+
+
+def test_the_messages_door_sheds_in_its_own_dialect(gateway: ServedGateway) -> None:
+    responses = asyncio.run(messages_burst(gateway, BURST))
+    statuses = Counter(r.status_code for r in responses)
+    assert set(statuses) <= {200, 429, 503} and statuses[503] >= 1, statuses
+    for response in responses:
+        if response.status_code == 503:
+            body = response.json()
+            assert body["type"] == "error" and body["error"]["type"] == "overloaded_error"
+            assert response.headers["retry-after"] == "2"
