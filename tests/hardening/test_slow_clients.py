@@ -14,6 +14,8 @@ from pathlib import Path
 import httpx
 import orjson
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from tests.hardening.conftest import ServedGateway, pool_policy, served_gateway
 from tests.servers import ThreadedServer
@@ -174,3 +176,47 @@ def test_workers_cut_slow_headers_too(pool: ThreadedServer, tmp_path: Path) -> N
             sock.send(b"GET /health HTTP/1.1\r\n")
         received = trickle_until_closed(socks, b"x-slow: " + b"c" * 64)
     assert [status_and_error(raw)[0] for raw in received] == [408] * 4
+
+
+def exchange_raw(gateway: ServedGateway, parts: list[bytes]) -> bytes:
+    """Send ``parts`` one write each (so the gateway's parser sees them apart), then read to the close."""
+    sock = connect(gateway)
+    sock.setblocking(True)
+    received = b""
+    with contextlib.suppress(ConnectionError):
+        for part in parts:
+            sock.sendall(part)
+            time.sleep(0.002)
+        while chunk := sock.recv(65536):
+            received += chunk
+    sock.close()
+    return received
+
+
+def health_request(pad: int) -> bytes:
+    return b"GET /health HTTP/1.1\r\nhost: gw\r\nx-pad: " + b"p" * pad + b"\r\nconnection: close\r\n\r\n"
+
+
+def counted_header_bytes(request: bytes) -> int:
+    """What the gateway counts against max_header_bytes: the URL, and each header line with its CRLF."""
+    line, *headers = request.split(b"\r\n\r\n")[0].split(b"\r\n")
+    return len(line.split(b" ")[1]) + sum(len(h) + 2 for h in headers)
+
+
+def test_the_header_cap_is_exact(gateway: ServedGateway) -> None:
+    base = counted_header_bytes(health_request(0))
+    at_limit = health_request(8192 - base)
+    assert counted_header_bytes(at_limit) == 8192
+    assert exchange_raw(gateway, [at_limit]).startswith(b"HTTP/1.1 200")
+    assert exchange_raw(gateway, [health_request(8193 - base)]).startswith(b"HTTP/1.1 431")
+
+
+@settings(max_examples=25, deadline=None)
+@given(cuts=st.lists(st.integers(min_value=1, max_value=400), max_size=8), pad=st.integers(0, 2000))
+def test_a_request_split_anywhere_within_the_limits_is_answered(
+    gateway: ServedGateway, cuts: list[int], pad: int
+) -> None:
+    request = health_request(pad)
+    points = sorted({min(c, len(request) - 1) for c in cuts})
+    parts = [request[a:b] for a, b in zip([0, *points], [*points, len(request)], strict=True) if a < b]
+    assert exchange_raw(gateway, parts).startswith(b"HTTP/1.1 200")
