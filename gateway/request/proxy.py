@@ -193,6 +193,12 @@ async def open_stream(exchange: Exchange, attempt: Attempt, call: UpstreamCall) 
     chunks = upstream.chunks()
     first = await first_events(chunks, meter, call, exchange.runtime.clock)
     upstream.expect_chunks_within(call.backend.timeouts.idle_s)
+    if (
+        meter.final_usage
+    ):  # a short stream's usage chunk came in its first read: priced here, not by the relay
+        meter.final_usage = False
+        cost, basis = exchange.runtime.cost_so_far(exchange, attempt, meter.usage_so_far())
+        first = insert_usage_cost(first, cost, basis)
     headers = response_headers(exchange, "text/event-stream")
     translator = exchange.door.stream_translator(exchange)
     if translator is not None:
