@@ -15,9 +15,19 @@ import pytest
 from openai import OpenAI
 
 from tests.conftest import Gateway, running_gateway
-from tests.faults.upstream import STREAM_HEAD, chunked, frame
 
 USAGE = {"prompt_tokens": 5, "completion_tokens": 3, "total_tokens": 8}
+STREAM_HEAD = b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n"
+
+
+def frame(text: str) -> bytes:
+    chunk = {"id": "chatcmpl-one", "object": "chat.completion.chunk", "created": 1, "model": "m",
+             "choices": [{"index": 0, "delta": {"content": text}, "finish_reason": None}]}  # fmt: skip
+    return b"data: " + orjson.dumps(chunk) + b"\n\n"
+
+
+def chunked(data: bytes) -> bytes:
+    return f"{len(data):x}\r\n".encode() + data + b"\r\n"
 
 
 def usage_frame() -> bytes:
