@@ -73,6 +73,9 @@ class Exchange:
         self.request_id = request_id
         self.started_at = runtime.clock()
         self.key: ApiKey | None = None
+        self.in_flight = (
+            False  # holds one of the process's places in flight until settled (request.admission)
+        )
         self.client: ClientRequest | None = None
         self.observation: Observation | None = None  # once the request names a route
         self.decision: Decision | None = None
@@ -82,7 +85,6 @@ class Exchange:
         self.client_gone = False
         self.response_ended = False  # the client has the whole response: a hang-up now is normal
         self.settled = False
-        self.in_flight = False  # holds one of the process's places (``request.admission``)
         self._current: tuple[Attempt, AttemptTicket] | None = None
         self._upstream: Upstream | None = None  # the attempt in flight's open answer
         self._watcher: asyncio.Task[None] | None = None
@@ -167,6 +169,8 @@ class Exchange:
         if self.settled:
             return
         self.settled = True
+        if self.in_flight:  # its place goes to the next request (a stream's at its end)
+            self.runtime.in_flight.leave()
         if self._watcher is not None:
             self._watcher.cancel()
         observation = self.observation

@@ -44,27 +44,12 @@ log = logging.getLogger("gateway")
 
 
 async def serve(runtime: Runtime, door: Door, scope: Scope, receive: Receive, send: Send) -> None:
-    """One request through ``door`` as a bare ASGI call; every error becomes the door's error body here.
-    A process at its bound of requests in flight sheds it at once, its body unread (``request.admission``)."""
-    server = runtime.policy.server
-    if not runtime.in_flight.has_room(server.max_in_flight):
-        refusal = Overloaded(server.max_in_flight, server.shed_retry_after_s)
-        runtime.error_returned(refusal)
-        await door.error_response(refusal)(scope, receive, send)
+    """One request through ``door`` as a bare ASGI call; every error becomes the door's error body here."""
+    if not runtime.in_flight.has_room(runtime.policy.server.max_in_flight):
+        await shed(runtime, door, scope, receive, send)  # at the bound of requests in flight: body unread
         return
     request = Request(scope, receive)
     exchange = Exchange(runtime, door, request_id(request.headers, runtime))
-    try:
-        await serve_exchange(exchange, request, scope, receive, send)
-    finally:
-        if exchange.in_flight:
-            runtime.in_flight.leave()
-
-
-async def serve_exchange(
-    exchange: Exchange, request: Request, scope: Scope, receive: Receive, send: Send
-) -> None:
-    runtime, door = exchange.runtime, exchange.door
     try:
         response: Response | StreamRelay = await answer(exchange, request, receive)
     except GatewayError as exc:
@@ -89,6 +74,15 @@ async def serve_exchange(
         await response(scope, receive, send)
     finally:
         exchange.settle()  # a stream settles at its end; this is a no-op then
+
+
+async def shed(runtime: Runtime, door: Door, scope: Scope, receive: Receive, send: Send) -> None:
+    """503 with Retry-After before anything is read or built (``request.admission``): no exchange, no
+    reservation, no ledger row, so a flood costs the process little more than its connections."""
+    server = runtime.policy.server
+    refusal = Overloaded(server.max_in_flight, server.shed_retry_after_s)
+    runtime.error_returned(refusal)
+    await door.error_response(refusal)(scope, receive, send)
 
 
 async def answer(exchange: Exchange, request: Request, receive: Receive) -> Response | StreamRelay:
