@@ -76,15 +76,6 @@ async def serve(runtime: Runtime, door: Door, scope: Scope, receive: Receive, se
         exchange.settle()  # a stream settles at its end; this is a no-op then
 
 
-async def shed(runtime: Runtime, door: Door, scope: Scope, receive: Receive, send: Send) -> None:
-    """503 with Retry-After before anything is read or built (``request.admission``): no exchange, no
-    reservation, no ledger row, so a flood costs the process little more than its connections."""
-    server = runtime.policy.server
-    refusal = Overloaded(server.max_in_flight, server.shed_retry_after_s)
-    runtime.error_returned(refusal)
-    await door.error_response(refusal)(scope, receive, send)
-
-
 async def answer(exchange: Exchange, request: Request, receive: Receive) -> Response | StreamRelay:
     runtime, policy = exchange.runtime, exchange.policy
     exchange.key = runtime.authenticate(policy, request.headers)
@@ -250,6 +241,15 @@ async def read_body(request: Request, limit: int, timeout_s: float) -> bytes:
     except TimeoutError:
         raise BodyTimeout(f"the request body did not arrive within {timeout_s:g}s") from None
     return b"".join(chunks)
+
+
+async def shed(runtime: Runtime, door: Door, scope: Scope, receive: Receive, send: Send) -> None:
+    """503 with Retry-After before anything is read or built (``request.admission``): no exchange, no
+    reservation, no ledger row, so a flood costs the process little more than its connections."""
+    server = runtime.policy.server
+    refusal = Overloaded(server.max_in_flight, server.shed_retry_after_s)
+    runtime.error_returned(refusal)
+    await door.error_response(refusal)(scope, receive, send)
 
 
 def upstream_body(client: ClientRequest, model: str) -> bytes:
