@@ -4,9 +4,11 @@
     ├── InternalError                  500 server_error        (a bug: logged, never detailed)
     ├── InvalidRequest                 400 invalid_request_error  (malformed JSON, missing fields)
     │   ├── BodyTooLarge               413
+    │   ├── BodyTimeout                408 code=request_timeout (the body did not arrive in time)
     │   ├── ModelNotFound              404 code=model_not_found (lists the known routes)
     │   └── PolicyRejected             422 code=policy_rejected (a reload's errors, one per line)
     ├── NoRouteAvailable               503 service_unavailable (nothing feasible or healthy)
+    ├── Overloaded                     503 code=gateway_overloaded (shed before reading: too many in flight)
     └── UpstreamError                  502 upstream_error      (every attempt failed before a byte was sent)
         └── UpstreamTimeout            504
 
@@ -68,6 +70,17 @@ class BodyTooLarge(InvalidRequest):
     code = "request_too_large"
 
 
+class BodyTimeout(InvalidRequest):
+    """The body trickled in slower than ``server.body_timeout_s`` allows: the connection is closed
+    with the answer, since the rest of the body may still be on its way."""
+
+    status = 408
+    code = "request_timeout"
+
+    def headers(self) -> dict[str, str]:
+        return {"connection": "close"}
+
+
 class ModelNotFound(InvalidRequest):
     status = 404
     code = "model_not_found"
@@ -94,6 +107,26 @@ class NoRouteAvailable(GatewayError):
     status = 503
     type = "service_unavailable"
     code = "no_backend_available"
+
+
+class Overloaded(GatewayError):
+    """The process already serves ``server.max_in_flight`` requests: refused before its body is read,
+    so that a flood costs the gateway almost nothing and the requests it took keep their latency."""
+
+    status = 503
+    type = "service_unavailable"
+    code = "gateway_overloaded"
+
+    def __init__(self, limit: int, retry_after_s: int) -> None:
+        super().__init__(
+            f"the gateway is serving its limit of {limit} requests; retry after {retry_after_s}s"
+        )
+        self.retry_after = str(retry_after_s)
+
+    def headers(self) -> dict[str, str]:
+        # The connection closes too: a shed request's body may be unread, and a client could otherwise
+        # keep trickling it for ever; and fewer kept-alive connections is what an overloaded server wants.
+        return {"retry-after": self.retry_after, "connection": "close"}
 
 
 class BackendsBusy(GatewayError):

@@ -40,6 +40,7 @@ from gateway.money.ratelimit import RateLimits
 from gateway.money.spend import SpendTally, seed_tally
 from gateway.policy.compiled import CompiledPolicy, CompiledRoute
 from gateway.policy.decide import Decision, DecisionMemo, RequestFeatures, decide
+from gateway.request.admission import InFlight
 from gateway.request.auth import ApiKey, AuthenticationFailed, PermissionDenied, authenticate
 from gateway.request.drain import Drain
 from gateway.request.exchange import Exchange
@@ -136,6 +137,7 @@ class Runtime:
         # Called with each settled request, after the ledger and metrics (the demo prints a line).
         self.request_listeners: list[Callable[[Observation], None]] = []
         self.drain = Drain()  # a graceful stop in progress (``gateway serve`` on SIGTERM)
+        self.in_flight = InFlight()  # completion requests being served, bounded by server.max_in_flight
 
     @property
     def policy(self) -> CompiledPolicy:
@@ -194,6 +196,12 @@ class Runtime:
             and not self.drain.draining,
             "draining": self.drain.draining,
             "pid": os.getpid(),  # which worker answered, with ``serve --workers``
+            "in_flight": {
+                "now": self.in_flight.count,
+                "limit": policy.server.max_in_flight,
+                "peak": self.in_flight.peak,
+                "shed": self.in_flight.shed,
+            },
             "policy": {"source": policy.source, "digest": policy.digest[:12]},
             "backends": backends,
             "store": store,

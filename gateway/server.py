@@ -27,6 +27,7 @@ from gateway.ledger.settings import resolve_ledger
 from gateway.policy.load import PolicyError
 from gateway.policy.reload import PolicyHolder
 from gateway.request.auth import is_loopback
+from gateway.request.connection import ConnectionLimits, guarded_protocol
 from gateway.request.observation import Observation
 from gateway.runtime import Runtime
 from gateway.store import STORES
@@ -96,7 +97,13 @@ def serve(
             "grace_s": grace_s,
         }
         return _serve_workers(
-            worker, host=host, port=port, log_level=log_level, workers=workers, metrics_port=metrics_port
+            worker,
+            host=host,
+            port=port,
+            log_level=log_level,
+            workers=workers,
+            metrics_port=metrics_port,
+            limits=ConnectionLimits.of(holder.current.server),
         )
 
     def build_runtime() -> Runtime:
@@ -111,7 +118,7 @@ def serve(
         host=host,
         port=port,
         loop="uvloop",
-        http="httptools",
+        http=guarded_protocol(ConnectionLimits.of(holder.current.server)),  # httptools, with header limits
         access_log=False,  # one line per request costs more than the proxying; the ledger records requests
         log_level=log_level,
         lifespan="on",
@@ -220,6 +227,7 @@ def _serve_workers(
     log_level: str,
     workers: int,
     metrics_port: int | None = None,
+    limits: ConnectionLimits | None = None,
 ) -> int:
     """uvicorn's supervisor with ``workers`` processes; each builds its own Runtime (``worker_app``)."""
     try:
@@ -255,7 +263,7 @@ def _serve_workers(
             host=host,
             port=port,
             loop="uvloop",
-            http="httptools",
+            http="httptools" if limits is None else guarded_protocol(limits),
             access_log=False,
             log_level=log_level,
             lifespan="on",

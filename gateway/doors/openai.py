@@ -49,6 +49,7 @@ class OpenAIDoor:
             not isinstance(max_tokens, int) or isinstance(max_tokens, bool) or max_tokens < 1
         ):
             raise InvalidRequest("'max_tokens' must be a positive integer", param="max_tokens")
+        check_numbers(payload)
         chars = prompt_chars(payload)
         return ClientRequest(
             payload=payload,
@@ -119,6 +120,7 @@ def translated_request(
     request = json_object(body)
     route = route_of(request.get("model"), policy)
     payload = to_chat(request)
+    check_numbers(payload)
     chars = prompt_chars(payload)
     return ClientRequest(
         payload=payload,
@@ -131,6 +133,33 @@ def translated_request(
     )
 
 
+# The sampling numbers a chat or completions request may carry, with the range OpenAI documents: a
+# value outside it is the client's mistake, told as a 400 here rather than left to each upstream (some
+# answer it with a 500, which would read as the backend failing and open its circuit).
+NUMBER_RANGES: dict[str, tuple[float, float, bool]] = {  # field: (least, most, whole numbers only)
+    "temperature": (0.0, 2.0, False),
+    "top_p": (0.0, 1.0, False),
+    "presence_penalty": (-2.0, 2.0, False),
+    "frequency_penalty": (-2.0, 2.0, False),
+    "n": (1, 128, True),
+    "top_logprobs": (0, 20, True),
+    "seed": (-(2**63), 2**63 - 1, True),
+}
+
+
+def check_numbers(payload: dict[str, Any]) -> None:
+    """InvalidRequest naming the first sampling number that is not a number in its range."""
+    for name, (least, most, whole) in NUMBER_RANGES.items():
+        value = payload.get(name)
+        if value is None:
+            continue
+        number = isinstance(value, int) or (isinstance(value, float) and not whole)
+        if isinstance(value, bool) or not number or not least <= value <= most:
+            kind = "an integer" if whole else "a number"
+            span = f"{int(least)} to {int(most)}" if whole else f"{least:g} to {most:g}"
+            raise InvalidRequest(f"'{name}' must be {kind} from {span}", param=name)
+
+
 def json_object(body: bytes) -> dict[str, Any]:
     """A request body that must be a JSON object; InvalidRequest in OpenAI's words otherwise."""
     if not body:
@@ -141,7 +170,23 @@ def json_object(body: bytes) -> dict[str, Any]:
         raise InvalidRequest(f"request body is not valid JSON: {exc}") from None
     if not isinstance(payload, dict):
         raise InvalidRequest("request body must be a JSON object")
+    if body.count(b"[") + body.count(b"{") > MAX_NESTING:  # a memchr-speed look before the real one
+        check_nesting(payload)
     return payload
+
+
+# orjson reads 1,024 levels of nesting but writes only 255: a body between the two would parse, then
+# fail as it is sent upstream. Refused here instead, as the client's error.
+MAX_NESTING = 255
+
+
+def check_nesting(payload: dict[str, Any]) -> None:
+    try:
+        orjson.dumps(payload)
+    except TypeError:
+        raise InvalidRequest(
+            f"request body nests arrays and objects deeper than {MAX_NESTING} levels"
+        ) from None
 
 
 def route_of(model: object, policy: CompiledPolicy) -> CompiledRoute:

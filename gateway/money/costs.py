@@ -5,7 +5,7 @@ expected cost of a request before it is sent (from predicted output length, thin
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from types import MappingProxyType
 
@@ -119,6 +119,26 @@ def prior_output_tokens(backend: CompiledBackend) -> float:
     """Completion tokens to expect from ``backend`` before any has been measured."""
     prior = backend.prior_output_tokens
     return PRIOR_OUTPUT_TOKENS[backend.thinking] if prior is None else prior
+
+
+# The context window assumed for a backend whose policy gives none: the most any request is counted to
+# generate there. 2^20 tokens is beyond every model served today, and still bounds a ``max_tokens`` of
+# billions to a reservation a budget can hold.
+DEFAULT_CONTEXT_WINDOW = 1 << 20
+
+
+def bounded_max_tokens(
+    max_tokens: int | None, prompt_tokens: int, backends: Iterable[CompiledBackend]
+) -> int | None:
+    """What a request's ``max_tokens`` can really produce: no more than the largest context window
+    among its candidates leaves after the prompt. Prediction, budgets and rate limits count this;
+    the upstream still receives what the client asked for."""
+    if max_tokens is None:
+        return None
+    window = max(
+        (b.context_window or DEFAULT_CONTEXT_WINDOW for b in backends), default=DEFAULT_CONTEXT_WINDOW
+    )
+    return max(1, min(max_tokens, window - prompt_tokens))
 
 
 def predict_output_tokens(prior: float, learned: float | None, max_tokens: int | None) -> float:

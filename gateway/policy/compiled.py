@@ -18,6 +18,7 @@ from gateway.policy.schema import (
     Objective,
     RateLimit,
     ResumeStyle,
+    Server,
     Signals,
     Slo,
     StoreSettings,
@@ -118,3 +119,4 @@ class CompiledPolicy:
     store: StoreSettings = field(default_factory=StoreSettings)  # read once at start-up
     tuning: Tuning = field(default_factory=Tuning)
     keys_file: str | None = None  # auth.keys_file resolved against the policy's directory
+    server: Server = field(default_factory=Server)  # limits per process: in flight, headers, body

@@ -139,6 +139,7 @@ def _compile(text: str, source: str, digest: str, environ: Env) -> CompiledPolic
         backends=types.MappingProxyType(backends),
         routes=types.MappingProxyType(routes),
         max_body_bytes=raw.server.max_body_bytes,
+        server=raw.server,
         warnings=tuple(str(w) for w in sorted(warnings, key=lambda p: (p.line, p.column))),
         ledger=raw.ledger,
         api_keys=types.MappingProxyType(_compile_keys(raw.auth)),

@@ -167,7 +167,24 @@ class Route(Strict):
 
 
 class Server(Strict):
+    """What one gateway process lets its clients hold: bytes, time and requests in flight. The two
+    header settings belong to the connection and are read at start-up; the others on every request,
+    so a reload applies them at once."""
+
     max_body_bytes: Annotated[int, Field(ge=1024)] = 4 * 1024 * 1024
+    # Completion requests this process serves at once (streams included), over every route and door;
+    # one more is refused with 503 and Retry-After before its body is read, so shedding costs almost
+    # nothing and memory stays bounded whatever the load. Per worker with ``serve --workers``.
+    max_in_flight: Annotated[int, Field(ge=1, le=1_000_000)] = 1024
+    # The Retry-After (seconds) such a refusal carries.
+    shed_retry_after_s: Annotated[int, Field(ge=1, le=3600)] = 1
+    # A request's line and headers must arrive within this long of its first byte (or of the
+    # connection opening), else the connection gets 408 and is closed: slow-loris clients do not pile up.
+    header_timeout_s: Annotated[float, Field(gt=0, le=3600)] = 10.0
+    # Request line plus headers beyond this many bytes: 431 and the connection closed.
+    max_header_bytes: Annotated[int, Field(ge=1024, le=16 * 1024 * 1024)] = 64 * 1024
+    # The whole body must arrive within this long of the headers, else 408 and the connection closed.
+    body_timeout_s: Annotated[float, Field(gt=0, le=3600)] = 30.0
 
 
 class Ledger(Strict):

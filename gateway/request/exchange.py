@@ -54,6 +54,7 @@ class Exchange:
         "client_gone",
         "decision",
         "door",
+        "in_flight",
         "key",
         "observation",
         "order",
@@ -74,6 +75,9 @@ class Exchange:
         self.request_id = request_id
         self.started_at = runtime.clock()
         self.key: ApiKey | None = None
+        self.in_flight = (
+            False  # holds one of the process's places in flight until settled (request.admission)
+        )
         self.client: ClientRequest | None = None
         self.observation: Observation | None = None  # once the request names a route
         self.decision: Decision | None = None
@@ -182,6 +186,8 @@ class Exchange:
         if self.settled:
             return
         self.settled = True
+        if self.in_flight:  # its place goes to the next request (a stream's at its end)
+            self.runtime.in_flight.leave()
         if self._watcher is not None:
             self._watcher.cancel()
         observation = self.observation

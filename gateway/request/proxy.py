@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 from typing import Any
 
 import orjson
@@ -20,13 +21,16 @@ from gateway.backends import UpstreamCall
 from gateway.doors import Door
 from gateway.errors import (
     AttemptFailure,
+    BodyTimeout,
     BodyTooLarge,
     GatewayError,
     InternalError,
     NoRouteAvailable,
+    Overloaded,
     UpstreamError,
     UpstreamTimeout,
 )
+from gateway.money.costs import bounded_max_tokens
 from gateway.request.auth import authorize_route
 from gateway.request.dialect import insert_usage_cost, read_completion, unusable_answer
 from gateway.request.drain import SHUTDOWN_CODE, UNANSWERED_MESSAGE
@@ -34,7 +38,7 @@ from gateway.request.exchange import ClientRequest, Exchange
 from gateway.request.observation import Attempt, Observation
 from gateway.request.resume import transcript_for
 from gateway.request.streaming import StreamMeter, StreamRelay, first_events
-from gateway.request.waiting import worth_waiting
+from gateway.request.waiting import retry_after_seconds, worth_waiting
 from gateway.runtime import Runtime
 
 log = logging.getLogger("gateway")
@@ -42,6 +46,9 @@ log = logging.getLogger("gateway")
 
 async def serve(runtime: Runtime, door: Door, scope: Scope, receive: Receive, send: Send) -> None:
     """One request through ``door`` as a bare ASGI call; every error becomes the door's error body here."""
+    if not runtime.in_flight.has_room(runtime.policy.server.max_in_flight):
+        await shed(runtime, door, scope, receive, send)  # at the bound of requests in flight: body unread
+        return
     request = Request(scope, receive)
     exchange = Exchange(runtime, door, request_id(request.headers, runtime))
     drain = runtime.drain  # a graceful stop waits for every request in flight, then ends the rest
@@ -94,9 +101,16 @@ def refusal(exchange: Exchange, error: GatewayError) -> Response:
 async def answer(exchange: Exchange, request: Request, receive: Receive) -> Response | StreamRelay:
     runtime, policy = exchange.runtime, exchange.policy
     exchange.key = runtime.authenticate(policy, request.headers)
-    body = await read_body(request, policy.max_body_bytes)
+    server = policy.server
+    body = await read_body(request, policy.max_body_bytes, server.body_timeout_s)
+    # The place is taken once the body is in: a body still trickling holds none.
+    exchange.in_flight = runtime.in_flight.enter(server.max_in_flight)
+    if not exchange.in_flight:
+        raise Overloaded(server.max_in_flight, server.shed_retry_after_s)
     exchange.watch_client(receive)
     client = exchange.client = exchange.door.parse(body, policy, policy.tuning.chars_per_token)
+    candidates = (policy.backends[name] for name in client.route.backends)
+    client.max_tokens = bounded_max_tokens(client.max_tokens, client.prompt_tokens, candidates)
     authorize_route(exchange.key, client.route.name)
     observation = exchange.observation = Observation(
         request_id=exchange.request_id,
@@ -169,7 +183,7 @@ async def attempt_in_order(
         order = await runtime.wait_for_candidate(exchange)
         return await attempt_in_order(exchange, client, observation, order)
     exchange.fail("upstream_failed")
-    raise final_error(failure, len(observation.attempts))
+    raise final_error(failure, len(observation.attempts), runtime.wall_clock())
 
 
 async def open_stream(exchange: Exchange, attempt: Attempt, call: UpstreamCall) -> StreamRelay:
@@ -186,6 +200,12 @@ async def open_stream(exchange: Exchange, attempt: Attempt, call: UpstreamCall) 
     chunks = upstream.chunks()
     first = await first_events(chunks, meter, call, exchange.runtime.clock)
     upstream.expect_chunks_within(call.backend.timeouts.idle_s)
+    if (
+        meter.final_usage
+    ):  # a short stream's usage chunk came in its first read: priced here, not by the relay
+        meter.final_usage = False
+        cost, basis = exchange.runtime.cost_so_far(exchange, attempt, meter.usage_so_far())
+        first = insert_usage_cost(first, cost, basis)
     headers = response_headers(exchange, "text/event-stream")
     translator = exchange.door.stream_translator(exchange)
     if translator is not None:
@@ -225,18 +245,33 @@ async def complete_once(exchange: Exchange, attempt: Attempt, call: UpstreamCall
     return reply
 
 
-async def read_body(request: Request, limit: int) -> bytes:
+async def read_body(request: Request, limit: int, timeout_s: float) -> bytes:
+    """The whole body, at most ``limit`` bytes, within ``timeout_s``: a client that trickles it (or
+    declares more than it sends) is answered 408 and its connection closed, instead of holding a place."""
     declared = request.headers.get("content-length")
     if declared is not None and declared.isdigit() and int(declared) > limit:
         raise BodyTooLarge(f"request body is {int(declared)} bytes; the limit is {limit}")
     chunks: list[bytes] = []
     size = 0
-    async for chunk in request.stream():
-        size += len(chunk)
-        if size > limit:
-            raise BodyTooLarge(f"request body exceeds the limit of {limit} bytes")
-        chunks.append(chunk)
+    try:
+        async with asyncio.timeout(timeout_s):
+            async for chunk in request.stream():
+                size += len(chunk)
+                if size > limit:
+                    raise BodyTooLarge(f"request body exceeds the limit of {limit} bytes")
+                chunks.append(chunk)
+    except TimeoutError:
+        raise BodyTimeout(f"the request body did not arrive within {timeout_s:g}s") from None
     return b"".join(chunks)
+
+
+async def shed(runtime: Runtime, door: Door, scope: Scope, receive: Receive, send: Send) -> None:
+    """503 with Retry-After before anything is read or built (``request.admission``): no exchange, no
+    reservation, no ledger row, so a flood costs the process little more than its connections."""
+    server = runtime.policy.server
+    refusal = Overloaded(server.max_in_flight, server.shed_retry_after_s)
+    runtime.error_returned(refusal)
+    await door.error_response(refusal)(scope, receive, send)
 
 
 def upstream_body(client: ClientRequest, model: str) -> bytes:
@@ -277,20 +312,29 @@ def response_headers(exchange: Exchange, content_type: str) -> list[tuple[bytes,
     return headers
 
 
-def final_error(failure: AttemptFailure | None, attempts: int) -> GatewayError:
+def final_error(failure: AttemptFailure | None, attempts: int, wall_now: float) -> GatewayError:
     if failure is None:
         return UpstreamTimeout("the route's deadline passed before any backend could be tried")
     tried = f"{attempts} attempt{'s' if attempts != 1 else ''}"
     if failure.kind == "timeout":
         return UpstreamTimeout(f"no backend answered in time ({tried}; last: {failure.message})")
     return UpstreamError(
-        f"every backend failed ({tried}; last: {failure.message})", retry_after=failure.retry_after
+        f"every backend failed ({tried}; last: {failure.message})",
+        retry_after=retry_after_header(failure.retry_after, wall_now),
     )
+
+
+def retry_after_header(upstream_value: str | None, wall_now: float) -> str | None:
+    """An upstream's Retry-After as whole seconds: whatever text it sent never reaches a client's header."""
+    if not upstream_value:
+        return None
+    return str(max(1, math.ceil(min(retry_after_seconds(upstream_value, wall_now), 3600.0))))
 
 
 def request_id(headers: Headers, runtime: Runtime) -> str:
     """The client's ``x-request-id`` when it looks like one, so logs can be joined; else a new one."""
     given = headers.get("x-request-id", "")
-    if 0 < len(given) <= 64 and given.replace("-", "").replace("_", "").isalnum():
+    # ASCII letters, digits, - and _ only: it goes back in a response header and into logs.
+    if 0 < len(given) <= 64 and given.isascii() and given.replace("-", "").replace("_", "").isalnum():
         return given
     return runtime.new_request_id()

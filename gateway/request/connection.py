@@ -1,0 +1,130 @@
+"""The client's connection before a request exists: uvicorn's httptools protocol with the two limits it
+lacks, a deadline for the request line and headers, and a cap on their size.
+
+uvicorn has a keep-alive timeout (idle between requests) but nothing that bounds how long the headers of
+a request may take to arrive, nor how large they may grow: a slow-loris client that sends a header
+byte every few seconds, or headers without end, would hold its connection (and its memory) for ever.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+from dataclasses import dataclass
+from typing import Any
+
+import orjson
+from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+
+from gateway.policy.schema import Server
+
+
+@dataclass(frozen=True, slots=True)
+class ConnectionLimits:
+    header_timeout_s: float
+    max_header_bytes: int
+
+    @classmethod
+    def of(cls, server: Server) -> ConnectionLimits:
+        return cls(server.header_timeout_s, server.max_header_bytes)
+
+
+class HeadersTooLarge(Exception):
+    """Raised inside the parser's callback: it stops parsing the rest of what arrived."""
+
+
+class GuardedHttpToolsProtocol(HttpToolsProtocol):
+    """One client connection. The header clock starts when the connection opens, and again when the
+    first byte of each later request arrives; it stops once the headers are complete. On expiry the
+    client gets 408 and the connection closes; headers past the size cap get 431 and the same."""
+
+    def __init__(self, *args: Any, limits: ConnectionLimits, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._limits = limits
+        self._header_deadline: asyncio.TimerHandle | None = None
+        self._header_bytes = 0
+        self._refused = False
+
+    def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+        super().connection_made(transport)
+        self._arm_header_deadline()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._disarm_header_deadline()
+        super().connection_lost(exc)
+
+    def data_received(self, data: bytes) -> None:
+        if not self._refused:  # after a refusal the connection is closing: nothing more is parsed
+            super().data_received(data)
+
+    def on_message_begin(self) -> None:
+        super().on_message_begin()
+        self._header_bytes = 0
+        self._arm_header_deadline()
+
+    def on_url(self, url: bytes) -> None:
+        self._count_header_bytes(len(url))
+        super().on_url(url)
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        self._count_header_bytes(len(name) + len(value) + 4)  # ": " and CRLF
+        super().on_header(name, value)
+
+    def on_headers_complete(self) -> None:
+        self._disarm_header_deadline()
+        super().on_headers_complete()
+
+    def send_400_response(self, msg: str) -> None:
+        # uvicorn answers any parser error with a 400; a refusal of ours has already been answered.
+        if not self._refused:
+            super().send_400_response(msg)
+
+    def _count_header_bytes(self, n: int) -> None:
+        self._header_bytes += n
+        if self._header_bytes > self._limits.max_header_bytes:
+            message = f"the request line and headers exceed {self._limits.max_header_bytes} bytes"
+            self._refuse(431, "Request Header Fields Too Large", "request_header_fields_too_large", message)
+            raise HeadersTooLarge
+
+    def _arm_header_deadline(self) -> None:
+        if self._header_deadline is None and not self._refused:
+            self._header_deadline = self.loop.call_later(self._limits.header_timeout_s, self._headers_late)
+
+    def _disarm_header_deadline(self) -> None:
+        if self._header_deadline is not None:
+            self._header_deadline.cancel()
+            self._header_deadline = None
+
+    def _headers_late(self) -> None:
+        self._header_deadline = None
+        if self.transport.is_closing():
+            return
+        if self.cycle is not None and not self.cycle.response_complete:
+            # An answer to the previous request is still being written (a pipelining client that
+            # trickles the next one's headers): no status line can go out now, only the close.
+            self._refused = True
+            self.transport.close()
+            return
+        message = f"the request headers did not arrive within {self._limits.header_timeout_s:g}s"
+        self._refuse(408, "Request Timeout", "request_timeout", message)
+
+    def _refuse(self, status: int, reason: str, code: str, message: str) -> None:
+        """An OpenAI-format error, then the close: the connection is in no state to carry another request."""
+        self._refused = True
+        self._disarm_header_deadline()
+        body = orjson.dumps(
+            {"error": {"message": message, "type": "invalid_request_error", "param": None, "code": code}}
+        )
+        head = (
+            f"HTTP/1.1 {status} {reason}\r\ncontent-type: application/json\r\n"
+            f"content-length: {len(body)}\r\nconnection: close\r\n\r\n"
+        )
+        self.transport.write(head.encode("ascii") + body)
+        self.transport.close()
+
+
+def guarded_protocol(limits: ConnectionLimits) -> type[asyncio.Protocol]:
+    """What ``uvicorn.Config(http=...)`` takes: a factory uvicorn calls like the protocol class. A
+    ``functools.partial`` of a module-level class, so ``serve --workers`` can pickle it to each worker."""
+    factory: Any = functools.partial(GuardedHttpToolsProtocol, limits=limits)
+    return factory  # type: ignore[no-any-return]
