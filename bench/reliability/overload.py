@@ -7,21 +7,18 @@ route's waiting queue with 429 and Retry-After, nothing else fails; the p99 of t
 at 10x stays near the one at 1x; /health answers all through; the gateway's memory, tasks and sockets
 come back; trickling connections are cut (408) while normal traffic is answered as before.
 
-    python -m bench.reliability.overload [--long] [--out DIR]
+    python -m bench.reliability --only overload [--short]
 """
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import contextlib
 import json
-import tempfile
 import time
 from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from pathlib import Path
 
 import aiohttp
 import httpx
@@ -339,19 +336,3 @@ def run(settings: Settings) -> list[Row]:
     plan = Plan.of(settings)
     with pool_and_gateway(settings) as (gateway, url):
         return [overload_row(settings, plan, gateway, url), loris_row(settings, plan, gateway, url)]
-
-
-def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--long", action="store_true", help="minutes instead of seconds")
-    parser.add_argument("--out", type=Path, default=None, help="logs and policies (default: a temp dir)")
-    args = parser.parse_args()
-    out = args.out or Path(tempfile.mkdtemp(prefix="reliability-overload-"))
-    rows = run(Settings(short=not args.long, out_dir=out))
-    for row in rows:
-        print(json.dumps(row.as_dict(), indent=2, default=str))
-    return 0 if all(row.passed for row in rows) else 1
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())
