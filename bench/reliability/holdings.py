@@ -90,3 +90,13 @@ def metric(url: str, name: str, **labels: str) -> float:
         if line.startswith(wanted):
             return float(line.rsplit(" ", 1)[1])
     return 0.0
+
+
+def metric_total(url: str, name: str, **labels: str) -> float:
+    """The sum of a metric's samples whose labels include ``labels`` (whatever their other labels)."""
+    wanted = [f'{k}="{v}"' for k, v in labels.items()]
+    total = 0.0
+    for line in httpx.get(url + "/metrics", timeout=30).text.splitlines():
+        if line.startswith(name + "{") and all(label in line for label in wanted):
+            total += float(line.rsplit(" ", 1)[1])
+    return total
