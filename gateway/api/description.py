@@ -206,6 +206,12 @@ ANSWERS: dict[str, dict[str, Any]] = {
         "properties": {"object": {"const": "list"}, "data": {"type": "array"}},
     },
 }
+# One server-sent event as a client's SSE parser sees it (the door's own event names, or none).
+SSE_EVENT = {
+    "type": "object",
+    "required": ["data"],
+    "properties": {"data": {"type": "string"}, "event": {"type": "string"}},
+}
 MODEL = {
     "type": "object",
     "required": ["id", "object", "owned_by"],
@@ -251,8 +257,8 @@ def describe(routes: list[str], keyed: bool) -> dict[str, Any]:
     explain = _admin("why a request would go where it goes", keyed, extra={"404": "no such route"})
     explain["parameters"] = [
         _param("model", "query", required=True, schema={"type": "string", "enum": routes or ["(no route)"]}),
-        _param("prompt_tokens", "query", schema={"type": "integer", "minimum": 0}),
-        _param("max_tokens", "query", schema={"type": "integer", "minimum": 0}),
+        _param("prompt_tokens", "query", schema={"type": "integer", "minimum": 0, "maximum": 999_999_999}),
+        _param("max_tokens", "query", schema={"type": "integer", "minimum": 0, "maximum": 999_999_999}),
     ]
     explain["responses"]["400"] = _json_response("a parameter is not a non-negative integer", "Error")
     paths["/admin/explain"] = {"get": explain}
@@ -290,7 +296,7 @@ def _door(path: str, name: str, keyed: bool) -> dict[str, Any]:
     error = "AnthropicError" if path == "/v1/messages" else "Error"
     answer = {"application/json": {"schema": ANSWERS[path]}}
     if path != "/v1/embeddings":
-        answer["text/event-stream"] = {"schema": {"type": "string"}}
+        answer["text/event-stream"] = {"schema": SSE_EVENT}
     errors = {k: v for k, v in DOOR_ERRORS.items() if keyed or k not in ("401", "403")}
     operation: dict[str, Any] = {
         "summary": REQUESTS[path].__doc__,
