@@ -21,7 +21,6 @@ from gateway.policy.load import PolicyError
 from gateway.runtime import Runtime
 from gateway.version import gateway_version
 
-
 MAX_PARAM_DIGITS = 9
 
 
