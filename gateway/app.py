@@ -15,7 +15,7 @@ from starlette.applications import Starlette
 from starlette.datastructures import State
 from starlette.types import Receive, Scope, Send
 
-from gateway.api import admin, dashboard, openai, openapi
+from gateway.api import admin, dashboard, openai
 from gateway.api.responses import exception_handlers
 from gateway.request.proxy import serve
 from gateway.runtime import Runtime
@@ -65,7 +65,7 @@ def create_app(build_runtime: Callable[[], Runtime], *, metrics_port: int | None
 
     return GatewayApp(
         Starlette(
-            routes=[*openai.routes, *admin.routes, *dashboard.routes, *openapi.routes],
+            routes=[*openai.routes, *admin.routes, *dashboard.routes],
             exception_handlers=exception_handlers,
             lifespan=lifespan,
         ),

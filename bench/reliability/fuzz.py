@@ -49,6 +49,9 @@ CHECKS = (
     "response_schema_conformance,missing_required_header,unsupported_method,ignored_auth"
 )
 TRACEBACK = re.compile(r"Traceback \(most recent call last\)|Exception in ASGI application")
+# Hostile input must not buy memory: PSS at the end within half again of after warm-up (caches such as the
+# live stats' windows fill during the run; a body or a stream held on to would show as far more).
+MEMORY_GROWTH_BOUND = 1.5
 SETTLE_S = 2.0  # after the last request, time for connections to close before counting fds
 
 
@@ -214,6 +217,9 @@ def schemathesis_row(settings: Settings) -> Row:
         row.problems.append("the gateway died during the run")
     if row.requests == 0:
         row.problems.append("schemathesis made no request")
+    before, after = row.memory_before_bytes or 0, row.memory_after_bytes or 0
+    if after > before * MEMORY_GROWTH_BOUND:
+        row.problems.append(f"PSS grew from {before / 2**20:.0f} to {after / 2**20:.0f} MiB")
     # A few fds may be pooled upstream connections; growth past that is a leak.
     if fds_after > fds_before + 8:
         row.leaks.append(f"file descriptors {fds_before} -> {fds_after}")
