@@ -129,3 +129,19 @@ def test_explain_refuses_numbers_it_could_not_answer_with_a_400(
         assert response.status_code == 400, response.text
         assert re.search(name, response.json()["error"]["message"])
     assert not tracebacks(caplog)
+
+
+def test_a_policy_file_nested_too_deeply_is_rejected_and_the_running_policy_keeps_serving(
+    keyed_gateway: Gateway, caplog: pytest.LogCaptureFixture
+) -> None:
+    """ruamel parses nesting recursively; before, a RecursionError escaped the loader (a 500 here)."""
+    caplog.set_level(logging.WARNING)
+    good = keyed_gateway.policy_path.read_text()
+    keyed_gateway.policy_path.write_text(good + "\nextra: " + "[" * 5000 + "]" * 5000 + "\n")
+    response = httpx.post(keyed_gateway.url + "/admin/policy/reload", headers=auth(), timeout=30)
+    assert response.status_code == 422, response.text
+    assert "nested too deeply" in response.json()["error"]["message"]
+    body = {"model": "kimi-k3", "messages": MESSAGE, "max_tokens": 4}
+    served = httpx.post(keyed_gateway.url + "/v1/chat/completions", json=body, headers=auth(USER), timeout=30)
+    assert served.status_code == 200, served.text
+    assert not tracebacks(caplog)

@@ -11,6 +11,7 @@ import os
 from typing import Any
 
 import orjson
+import pytest
 import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -340,4 +341,16 @@ def mutated_policies(draw: st.DrawFn) -> str:
 @given(st.one_of(st.text(max_size=300), mutated_policies()))
 def test_the_policy_loader_raises_only_policy_error(text: str) -> None:
     with contextlib.suppress(PolicyError):  # anything else fails the test
+        compile_policy_text(text, "policy.yaml", environ={})
+
+
+# Deep nesting is a plain test, not a drawn example: a RecursionError under hypothesis's tracing is slow
+# and may land in hypothesis's own frames. ruamel recurses per level: ~250 levels exhaust the stack.
+@pytest.mark.parametrize("depth", [100, 300, 1000, 5000])
+@pytest.mark.parametrize("brackets", ["[]", "{}"])
+def test_a_policy_nested_deeper_than_the_stack_is_a_policy_error(depth: int, brackets: str) -> None:
+    opening, closing = brackets[0], brackets[1]
+    inner = "a: " if opening == "{" else ""
+    text = "backends: " + (opening + inner) * depth + "1" * (opening == "{") + closing * depth
+    with contextlib.suppress(PolicyError):
         compile_policy_text(text, "policy.yaml", environ={})
