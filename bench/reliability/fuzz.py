@@ -19,6 +19,7 @@ import contextlib
 import json
 import os
 import re
+import socket
 import subprocess
 import sys
 import tempfile
@@ -61,6 +62,12 @@ class Stack:
     gateway: Proc
     processes: list[Proc]
     log_dir: Path
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
 
 
 def policy_text(ports: dict[str, int]) -> str:
@@ -116,8 +123,6 @@ auth:
 @contextlib.contextmanager
 def fuzz_stack(log_dir: Path, time_scale: float = 0.01) -> Iterator[Stack]:
     """Three emulators and ``gateway serve`` as processes on free loopback ports; stopped by their ids."""
-    from tests.servers import free_port
-
     log_dir.mkdir(parents=True, exist_ok=True)
     processes: list[Proc] = []
     try:
@@ -263,16 +268,20 @@ def properties_row(settings: Settings) -> Row:
     row = Row("fuzz: hypothesis properties (SSE, requests, policies)")
     examples = "100" if settings.short else "2000"
     settings.say(f"fuzz: hypothesis properties, {examples} examples each")
-    argv = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "tests/unit/test_properties.py"]
+    argv = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--hypothesis-show-statistics"]
+    argv.append("tests/unit/test_properties.py")
     env = {**os.environ, "GATEWAY_PROPERTY_EXAMPLES": examples, "LITELLM_LOCAL_MODEL_COST_MAP": "True"}
     done = subprocess.run(argv, cwd=REPO, env=env, capture_output=True, text=True, timeout=1200)
     (settings.out_dir / "fuzz").mkdir(parents=True, exist_ok=True)
     (settings.out_dir / "fuzz" / "properties.log").write_text(done.stdout + done.stderr)
     passed = _count(done.stdout, "passed")
     failed = _count(done.stdout, "failed") + _count(done.stdout, "error")
-    row.requests = (passed + failed) * int(examples)  # examples generated, at most
+    # Inputs tried: hypothesis's statistics per phase, plus one for each plain (parametrized) test.
+    tried = [int(a) + int(b) for a, b in re.findall(r"(\d+) passing, (\d+) failing", done.stdout)]
+    hypothesis_tests = len(re.findall(r"^tests/unit/test_properties.py::\S+:$", done.stdout, re.MULTILINE))
+    row.requests = sum(tried) + max(0, passed + failed - hypothesis_tests)
     row.client_visible_failures = failed
-    row.details = {"properties_passed": passed, "properties_failed": failed, "examples_each": int(examples)}
+    row.details = {"tests_passed": passed, "tests_failed": failed, "examples_each": int(examples)}
     if done.returncode != 0:
         row.problems.append(f"property tests failed:\n{done.stdout[-2000:]}")
     settings.say(f"fuzz: properties {passed} passed, {failed} failed")
