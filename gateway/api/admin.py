@@ -21,6 +21,8 @@ from gateway.policy.load import PolicyError
 from gateway.runtime import Runtime
 from gateway.version import gateway_version
 
+MAX_PARAM_DIGITS = 9
+
 
 def runtime_of(request: Request) -> Runtime:
     runtime: Runtime = request.app.state.runtime
@@ -130,8 +132,10 @@ def _int_param(request: Request, name: str, default: int | None) -> int | None:
     raw = request.query_params.get(name)
     if raw is None:
         return default
-    if not raw.isdigit():
-        raise InvalidRequest(f"'{name}' must be a non-negative integer", param=name)
+    # ASCII digits only (str.isdigit() also takes '²', which int() refuses), and few enough of them
+    # that the answer can carry the number: no context window holds a billion tokens.
+    if not (raw.isascii() and raw.isdigit()) or len(raw) > MAX_PARAM_DIGITS:
+        raise InvalidRequest(f"'{name}' must be a non-negative integer below 10^9", param=name)
     return int(raw)
 
 

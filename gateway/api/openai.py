@@ -1,5 +1,5 @@
 """Thin handlers for the client-facing API: the doors' paths (chat, completions, embeddings, Anthropic
-messages, responses) and /v1/models."""
+messages, responses), /v1/models, and /openapi.json, the description of them all."""
 
 from __future__ import annotations
 
@@ -68,6 +68,18 @@ async def model(request: Request) -> Response:
     )
 
 
+async def openapi(request: Request) -> Response:
+    """Authenticated like /v1/models, since it names routes, and naming only the caller's. The description
+    module (pydantic models) is imported on the first request for it: start-up does not pay for it."""
+    from gateway.api.description import describe
+
+    runtime = runtime_of(request)
+    policy = runtime.policy
+    key = runtime.authenticate(policy, request.headers)
+    names = [name for name in policy.routes if key is None or key.may_use(name)]
+    return json_response(describe(names, keyed=bool(policy.api_keys)))
+
+
 routes = [
     Route("/v1/chat/completions", DoorEndpoint(CHAT), methods=["POST"]),
     Route("/v1/completions", DoorEndpoint(COMPLETIONS), methods=["POST"]),
@@ -82,4 +94,5 @@ routes = [
     Route("/completions", DoorEndpoint(COMPLETIONS), methods=["POST"]),
     Route("/models", models, methods=["GET"]),
     Route("/models/{model_id:path}", model, methods=["GET"]),
+    Route("/openapi.json", openapi, methods=["GET"]),
 ]

@@ -92,6 +92,8 @@ def chat_payload(request: dict[str, Any]) -> dict[str, Any]:
         if request.get(theirs) is not None:
             payload[ours] = request[theirs]
     tools = request.get("tools")
+    if tools is not None and not isinstance(tools, list):
+        raise InvalidRequest("tools: must be an array", param="tools")
     if tools:
         payload["tools"] = [_chat_tool(tool, f"tools.{n}") for n, tool in enumerate(tools)]
     choice = request.get("tool_choice")
@@ -119,7 +121,7 @@ def _chat_messages(message: Any, where: str) -> list[dict[str, Any]]:
     for n, block in enumerate(content):
         kind = block.get("type") if isinstance(block, dict) else None
         if kind == "text":
-            parts.append({"type": "text", "text": block.get("text", "")})
+            parts.append({"type": "text", "text": _block_text(block, f"{where}.content.{n}")})
         elif kind == "image":
             parts.append({"type": "image_url", "image_url": {"url": _image_url(block.get("source"))}})
         elif kind == "tool_use" and role == "assistant":
@@ -149,8 +151,20 @@ def _text_of(value: Any, where: str) -> str:
     if isinstance(value, str):
         return value
     if isinstance(value, list):
-        return "".join(b.get("text", "") for b in value if isinstance(b, dict) and b.get("type") == "text")
+        blocks = enumerate(value)
+        return "".join(
+            _block_text(b, f"{where}.{n}")
+            for n, b in blocks
+            if isinstance(b, dict) and b.get("type") == "text"
+        )
     raise InvalidRequest(f"{where}: must be a string or an array of text blocks", param=where)
+
+
+def _block_text(block: dict[str, Any], where: str) -> str:
+    text = block.get("text", "")
+    if not isinstance(text, str):
+        raise InvalidRequest(f"{where}.text: must be a string", param=where)
+    return text
 
 
 def _image_url(source: Any) -> str:

@@ -87,7 +87,10 @@ def chat_payload(request: dict[str, Any]) -> dict[str, Any]:
     for field in PASSED:
         if request.get(field) is not None:
             payload[field] = request[field]
-    tools = [_chat_tool(t) for t in request.get("tools") or () if isinstance(t, dict)]
+    given_tools = request.get("tools") or ()
+    if not isinstance(given_tools, list | tuple):
+        raise InvalidRequest("'tools' must be an array", param="tools")
+    tools = [_chat_tool(t) for t in given_tools if isinstance(t, dict)]
     if tools:
         payload["tools"] = tools
     choice = request.get("tool_choice")
@@ -133,7 +136,10 @@ def _content(item: dict[str, Any]) -> Any:
     for part in content if isinstance(content, list) else ():
         kind = part.get("type") if isinstance(part, dict) else None
         if kind in ("input_text", "output_text", "text"):
-            parts.append({"type": "text", "text": part.get("text", "")})
+            text = part.get("text", "")
+            if not isinstance(text, str):
+                raise InvalidRequest("input: a text part's 'text' must be a string", param="input")
+            parts.append({"type": "text", "text": text})
         elif kind == "input_image":
             parts.append({"type": "image_url", "image_url": {"url": part.get("image_url")}})
     if all(p["type"] == "text" for p in parts):

@@ -70,6 +70,8 @@ def decode(data: bytes, source: str) -> str:
 def parse(text: str, source: str) -> Document:
     try:
         root = YAML(typ="rt").load(text)
+    except RecursionError:  # ruamel parses nesting recursively: a few thousand "[" exhaust the stack
+        raise PolicyError([Problem(source, 1, 1, "", "nested too deeply to be a policy")]) from None
     except DuplicateKeyError as exc:
         raise PolicyError([_duplicate_key_problem(exc, text, source)]) from None
     except MarkedYAMLError as exc:

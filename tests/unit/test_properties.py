@@ -5,21 +5,29 @@ own errors (InvalidRequest / ModelNotFound, PolicyError), never with an unhandle
 from __future__ import annotations
 
 import contextlib
+import json
 import math
+import os
 from typing import Any
 
 import orjson
+import pytest
 import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from gateway.doors.anthropic import MESSAGES
+from gateway.doors.embeddings import EMBEDDINGS
 from gateway.doors.openai import CHAT, COMPLETIONS
+from gateway.doors.responses import RESPONSES
 from gateway.errors import InvalidRequest
 from gateway.policy.load import PolicyError, compile_policy_text
 from gateway.request.observation import Attempt
 from gateway.request.streaming import StreamMeter
 
-PROPERTY = settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+# bench/reliability/fuzz.py runs these with more examples (GATEWAY_PROPERTY_EXAMPLES).
+EXAMPLES = int(os.environ.get("GATEWAY_PROPERTY_EXAMPLES", "300"))
+PROPERTY = settings(max_examples=EXAMPLES, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
 # --- the SSE splitter ---------------------------------------------------------------------------------
 
@@ -133,6 +141,148 @@ def test_the_request_parser_raises_only_invalid_request(body: bytes) -> None:
         assert request.prompt_tokens >= 0 and math.isfinite(request.prompt_tokens)
 
 
+# --- the other doors' parsers: hostile shapes where each door looks inside --------------------------------
+
+
+def mostly(valid: st.SearchStrategy[Any], other: st.SearchStrategy[Any]) -> st.SearchStrategy[Any]:
+    """``valid`` three times in four: hostile values deep inside need valid ones around them."""
+    return st.one_of(valid, valid, valid, other)
+
+
+finite = st.recursive(
+    st.none()
+    | st.booleans()
+    | st.integers(-(2**63), 2**63 - 1)
+    | st.floats(allow_nan=False, allow_infinity=False)
+    | st.text(max_size=8),
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=6), inner, max_size=3),
+    max_leaves=8,
+)  # fmt: skip
+text_like = mostly(st.text(max_size=10), finite)
+anthropic_block = st.fixed_dictionaries(
+    {"type": mostly(st.sampled_from(["text", "image", "tool_use", "tool_result", "thinking"]), finite)},
+    optional={k: text_like for k in ("text", "source", "input", "content", "name", "id", "tool_use_id")},
+)
+anthropic_message = st.fixed_dictionaries(
+    {"role": mostly(st.sampled_from(["user", "assistant"]), finite)},
+    optional={"content": mostly(st.lists(mostly(anthropic_block, finite), max_size=4), text_like)},
+)
+input_part = st.fixed_dictionaries(
+    {"type": mostly(st.sampled_from(["input_text", "output_text", "input_image"]), finite)},
+    optional={"text": text_like, "image_url": text_like},
+)
+response_item = st.fixed_dictionaries(
+    {},
+    optional={
+        "type": mostly(
+            st.sampled_from(["message", "function_call", "function_call_output", "reasoning"]), finite
+        ),
+        "role": mostly(st.sampled_from(["user", "assistant", "system", "developer"]), finite),
+        "content": mostly(st.lists(mostly(input_part, finite), max_size=3), text_like),
+        **{k: text_like for k in ("output", "name", "arguments", "call_id")},
+    },
+)
+tools = st.lists(
+    mostly(
+        st.fixed_dictionaries(
+            {"type": mostly(st.just("function"), finite)},
+            optional={k: text_like for k in ("name", "description", "input_schema", "parameters")},
+        ),
+        finite,
+    ),
+    max_size=3,
+)
+# Each door's required fields are mostly valid, so that the parser gets past them to where it looks inside.
+positive = st.integers(1, 2**70)
+door_required = {
+    MESSAGES: {
+        "max_tokens": positive,
+        "messages": st.lists(anthropic_message, min_size=1, max_size=4),
+    },
+    RESPONSES: {
+        "input": st.one_of(st.text(min_size=1, max_size=10), st.lists(response_item, min_size=1, max_size=4)),
+    },
+    EMBEDDINGS: {
+        "input": st.one_of(
+            st.lists(st.integers(-(2**63), 2**63 - 1), min_size=1, max_size=5),
+            st.lists(st.text(), min_size=1, max_size=3),
+            st.lists(st.lists(st.integers(-(2**63), 2**63 - 1), max_size=3), min_size=1, max_size=3),
+        ),
+    },
+}
+door_optional = {
+    MESSAGES: {
+        "system": mostly(st.lists(mostly(anthropic_block, finite), max_size=3), text_like),
+        "stream": st.booleans(),
+        "tools": mostly(tools, finite),
+        "tool_choice": mostly(
+            st.fixed_dictionaries({"type": text_like}, optional={"name": text_like}), finite
+        ),
+        "metadata": mostly(st.fixed_dictionaries({}, optional={"user_id": text_like}), finite),
+        "stop_sequences": finite,
+        "temperature": finite,
+    },
+    RESPONSES: {
+        "instructions": text_like,
+        "stream": st.booleans(),
+        "max_output_tokens": mostly(positive, finite),
+        "store": finite,
+        "tools": mostly(tools, finite),
+        "tool_choice": mostly(
+            st.fixed_dictionaries({"type": text_like}, optional={"name": text_like}), finite
+        ),
+        "previous_response_id": finite,
+        "temperature": finite,
+    },
+    EMBEDDINGS: {"stream": finite, "encoding_format": finite},
+}
+
+
+@st.composite
+def door_bodies(draw: st.DrawFn) -> tuple[Any, bytes]:
+    door = draw(st.sampled_from(list(door_required)))
+    base = {"model": st.just("kimi-k3"), **door_required[door]}
+    fields = draw(st.fixed_dictionaries(base, optional=door_optional[door]))
+    if draw(st.integers(0, 9)) == 0:  # and now and then one required field is anything at all
+        fields[draw(st.sampled_from(sorted(base)))] = draw(json_values)
+    return door, json.dumps(fields).encode()  # the stdlib writes integers of any size
+
+
+@PROPERTY
+@given(door_bodies())
+def test_every_doors_parser_raises_only_invalid_request(door_and_body: tuple[Any, bytes]) -> None:
+    """What a door accepts it can send upstream: the payload it builds is JSON orjson can write."""
+    door, body = door_and_body
+    try:
+        request = door.parse(body, POLICY, 4.0)
+    except InvalidRequest:
+        return
+    orjson.dumps(request.payload)
+    assert request.max_tokens is None or request.max_tokens >= 1
+    assert request.prompt_tokens >= 0 and math.isfinite(request.prompt_tokens)
+
+
+# Bytes no JSON parser should take, and what they must meet: a 400, on every door.
+HOSTILE_BODIES = [
+    b'{"model": "kimi-k3", "messages": [{"role": "user", "content": "' + b"\xff\xfe" + b'"}]}',  # not UTF-8
+    b'{"model": "kimi-k3", "messages": [{"role": "user", "content": "\\ud800"}]}',  # a lone surrogate
+    b'{"model": "kimi-k3", "max_tokens": 1e400, "messages": [{"role": "user", "content": "x"}]}',
+    b'{"model": "kimi-k3", "input": ' + b"[" * 100_000 + b"]" * 100_000 + b"}",  # deeper than any parser goes
+    b'{"model": "kimi-k3\\u0000", "messages": []}',
+    b"\xef\xbb\xbf{}",  # a byte-order mark
+]
+
+
+@given(st.sampled_from(HOSTILE_BODIES), st.sampled_from([CHAT, COMPLETIONS, MESSAGES, RESPONSES, EMBEDDINGS]))
+@settings(deadline=None)
+def test_hostile_bytes_meet_a_400_on_every_door(body: bytes, door: Any) -> None:
+    try:
+        door.parse(body, POLICY, 4.0)
+    except InvalidRequest:
+        return
+    raise AssertionError(f"{door.name} accepted {body[:80]!r}")
+
+
 # --- the policy loader ------------------------------------------------------------------------------
 
 VALID = yaml.safe_load(
@@ -191,4 +341,16 @@ def mutated_policies(draw: st.DrawFn) -> str:
 @given(st.one_of(st.text(max_size=300), mutated_policies()))
 def test_the_policy_loader_raises_only_policy_error(text: str) -> None:
     with contextlib.suppress(PolicyError):  # anything else fails the test
+        compile_policy_text(text, "policy.yaml", environ={})
+
+
+# Deep nesting is a plain test, not a drawn example: a RecursionError under hypothesis's tracing is slow
+# and may land in hypothesis's own frames. ruamel recurses per level: ~250 levels exhaust the stack.
+@pytest.mark.parametrize("depth", [100, 300, 1000, 5000])
+@pytest.mark.parametrize("brackets", ["[]", "{}"])
+def test_a_policy_nested_deeper_than_the_stack_is_a_policy_error(depth: int, brackets: str) -> None:
+    opening, closing = brackets[0], brackets[1]
+    inner = "a: " if opening == "{" else ""
+    text = "backends: " + (opening + inner) * depth + "1" * (opening == "{") + closing * depth
+    with contextlib.suppress(PolicyError):
         compile_policy_text(text, "policy.yaml", environ={})
