@@ -76,11 +76,13 @@ def observation_of(gateway: Gateway, request_id: str, timeout: float = 30.0) -> 
     return found
 
 
-def stream_chat(gateway: Gateway, request_id: str, **kwargs: Any) -> tuple[str, list[Any]]:
+def stream_chat(
+    gateway: Gateway, request_id: str, max_tokens: int = MAX_TOKENS, **kwargs: Any
+) -> tuple[str, list[Any]]:
     stream = sdk(gateway).chat.completions.create(
         model=ROUTE,
         messages=PROMPT,
-        max_tokens=MAX_TOKENS,
+        max_tokens=max_tokens,
         temperature=0,
         stream=True,
         extra_headers={"x-request-id": request_id},
@@ -188,6 +190,29 @@ def test_streaming_chat_usage_is_reported_and_the_stream_measured(
     assert extra["timings"]["predicted_n"] == attempt.usage.completion_tokens
     reported = last.usage.model_extra or {}
     assert reported["cost"] == pytest.approx(observation.cost_usd)
+
+
+def test_the_gateway_times_a_stream_as_llama_server_does(real_gateway: Gateway) -> None:
+    """What the gateway measures on the wire agrees with llama-server's own ``timings``: its TTFT holds
+    the server's prompt time, and its decode speed is the server's (measured: within 0.5%; the bound
+    here is loose, for a slow shared machine)."""
+    request_id = new_request_id()
+    tokens = 64
+    _, chunks = stream_chat(
+        real_gateway,
+        request_id,
+        max_tokens=tokens,
+        stream_options={"include_usage": True},
+        extra_body={"ignore_eos": True},
+    )
+    timings = (chunks[-1].model_extra or {})["timings"]
+    attempt = observation_of(real_gateway, request_id).final
+    assert attempt is not None and attempt.usage is not None
+    assert attempt.usage.completion_tokens == timings["predicted_n"] == tokens
+    assert attempt.ttft_s is not None and attempt.ttft_s >= timings["prompt_ms"] / 1000
+    measured = attempt.decode_tokens_per_s
+    assert measured is not None
+    assert 0.4 < measured / timings["predicted_per_second"] < 2.5, (measured, timings)
 
 
 def test_a_stream_sends_usage_only_when_asked_and_one_token_a_frame(llama_server: LlamaServer) -> None:
