@@ -471,3 +471,27 @@ def ledger_row(gateway: Gateway, request_id: str, timeout: float = 30.0) -> dict
 
     row: dict[str, Any] = eventually(find, f"a ledger row for request {request_id}", timeout)
     return row
+
+
+def test_a_prompt_longer_than_a_slot_is_the_clients_400_not_a_5xx(real_gateway: Gateway) -> None:
+    """Digits are a token each for Gemma, four to a token in the gateway's estimate: the gateway lets
+    this prompt through, and llama-server refuses it (``exceed_context_size_error``). The client gets
+    an OpenAI 400 with the server's reason, streamed or not, and nothing is tried elsewhere."""
+    content = "0123456789" * 300  # ~750 tokens estimated, 3,000 real, over the 2,048 of a slot
+    for stream in (False, True):
+        request_id = new_request_id()
+        reply = httpx.post(
+            real_gateway.base_url + "/chat/completions",
+            json={"model": ROUTE, "messages": [{"role": "user", "content": content}], "stream": stream},
+            headers={"x-request-id": request_id},
+            timeout=120.0,
+        )
+        assert reply.status_code == 400, reply.text
+        error = reply.json()["error"]
+        assert (
+            error["type"] == "invalid_request_error"
+            and "exceeds the available context size" in error["message"]
+        )
+        observation = observation_of(real_gateway, request_id)
+        assert observation.status == "error" and len(observation.attempts) == 1
+        assert observation.attempts[0].http_status == 400
