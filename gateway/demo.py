@@ -32,6 +32,9 @@ PROFILE_OF_DIALECT = {"vllm": "b300-vllm", "llamacpp": "a100-llamacpp", "openai"
 # In `--real` mode this backend of the policy is served by a real llama.cpp server, not an emulator.
 REAL_BACKEND = "gemma-local"
 REAL_MODEL_FILE = "models/gemma3-270m-q4_k_m.gguf"
+# llama.cpp's own C++ server, built by tests/real/build_llama_server.sh from the llama.cpp that this
+# llama-cpp-python release vendors, and cached under this name.
+LLAMA_SERVER_VERSION = "0.3.36"
 REAL_SETUP = "bash tests/real/setup_llamacpp.sh"
 LOOPBACK = {"127.0.0.1", "localhost", "::1"}
 DEMO_PAID_KEY = "demo-paid-api-key"
@@ -42,9 +45,10 @@ def run_demo(
     policy_path: str, *, port: int, time_scale: float, log_level: str, real: bool = False, quiet: bool = False
 ) -> int:
     model_file = real_model_file()
-    if real and (not model_file.is_file() or importlib.util.find_spec("llama_cpp") is None):
+    server_binary = real_server_binary()
+    if real and (not model_file.is_file() or server_binary is None):
         print(
-            f"gateway demo --real needs llama-cpp-python and the Gemma GGUF: run `{REAL_SETUP}`",
+            f"gateway demo --real needs llama.cpp's llama-server and the Gemma GGUF: run `{REAL_SETUP}`",
             file=sys.stderr,
         )
         return 2
@@ -79,11 +83,14 @@ def run_demo(
             parts = urlsplit(backend.base_url)
             if parts.hostname not in LOOPBACK or parts.port is None:
                 continue
-            if real and backend.name == REAL_BACKEND:
+            if real and backend.name == REAL_BACKEND and server_binary is not None:
                 print(f"  starting real llama.cpp (Gemma 3 270M) for backend {backend.name} on :{parts.port}")
-                child = subprocess.Popen(real_server_command(model_file, backend.model, parts.port))
+                command = real_server_command(server_binary, model_file, backend.model, parts.port)
+                # llama-server logs every request at length; the demo's own line per request says enough.
+                child = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
                 children.append(child)
-                wait_until_up(child, f"http://127.0.0.1:{parts.port}/v1/models", timeout_s=180)
+                # /health answers 503 while the model loads, 200 once it serves.
+                wait_until_up(child, f"http://127.0.0.1:{parts.port}/health", timeout_s=180)
                 continue
             profile = PROFILE_OF_DIALECT[backend.dialect]
             print(f"  starting emulator {profile:<14} for backend {backend.name:<14} on :{parts.port}")
@@ -147,16 +154,47 @@ def _on_loopback(url: str) -> bool:
 
 
 def real_model_file() -> Path:
-    cache = os.environ.get("GATEWAY_CACHE") or str(Path.home() / ".cache" / "gateway")
-    return Path(cache) / REAL_MODEL_FILE
+    return gateway_cache() / REAL_MODEL_FILE
 
 
-def real_server_command(model_file: Path, served_name: str, port: int) -> list[str]:
-    return [
-        *(sys.executable, "-m", "llama_cpp.server", "--model", str(model_file)),
-        *("--model_alias", served_name, "--chat_format", "gemma", "--n_ctx", "2048"),
-        *("--host", "127.0.0.1", "--port", str(port)),
-    ]
+def gateway_cache() -> Path:
+    return Path(os.environ.get("GATEWAY_CACHE") or Path.home() / ".cache" / "gateway")
+
+
+def real_server_binary() -> Path | None:
+    """The cached llama-server build, else one on PATH, else None."""
+    cached = gateway_cache() / "bin" / f"llama-server-{LLAMA_SERVER_VERSION}"
+    if os.access(cached, os.X_OK):
+        return cached
+    found = shutil.which("llama-server")
+    return Path(found) if found else None
+
+
+def real_server_command(
+    binary: Path,
+    model_file: Path,
+    served_name: str,
+    port: int,
+    *,
+    slots: int = 1,
+    context_tokens: int = 2048,
+    threads: int | None = None,
+    chat_template: str = "gemma",
+) -> list[str]:
+    """llama-server with what the gateway reads: ``--metrics`` (off by default) and ``--slots``.
+
+    ``--ctx-size`` is shared by the slots, so it is ``context_tokens`` per slot times ``slots``. This
+    GGUF carries no chat template, and llama-server would fall back to ChatML without a word: the
+    built-in ``gemma`` template is named instead, which needs ``--no-jinja`` (with Jinja on, the
+    default, ``--chat-template`` is read as the template's source text).
+    """
+    command = [str(binary), "--model", str(model_file), "--alias", served_name]
+    command += ["--host", "127.0.0.1", "--port", str(port)]
+    command += ["--parallel", str(slots), "--ctx-size", str(context_tokens * slots)]
+    command += ["--no-jinja", "--chat-template", chat_template, "--metrics", "--slots"]
+    if threads is not None:
+        command += ["--threads", str(threads)]
+    return command
 
 
 def wait_until_up(child: subprocess.Popen[bytes], url: str, timeout_s: float = 30.0) -> None:

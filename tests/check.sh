@@ -27,7 +27,7 @@ step "PostgreSQL on 127.0.0.1:5432 (ledger tests; installed and started only whe
 GATEWAY_TEST_POSTGRES="$(bash tests/setup_postgres.sh)"
 export GATEWAY_TEST_POSTGRES
 
-step "real llama.cpp upstream (cached portable wheel + Gemma 3 270M GGUF)"
+step "real llama.cpp upstream (llama-server, built once from source and cached, + Gemma 3 270M GGUF)"
 bash tests/real/setup_llamacpp.sh
 
 step "format (ruff format --check)"

@@ -9,6 +9,9 @@ MODEL="${MODEL:-/models/Kimi-K3-GGUF/UD-IQ1_S/Kimi-K3-UD-IQ1_S-00001-of-00014.gg
 PORT="${PORT:-8080}"
 
 # --ctx-size is shared by the slots: 131072 / --parallel 4 = 32k tokens of context per request.
+# --jinja and --slots are llama-server's defaults now, kept for older builds; --metrics is not a default.
+# /slots shows each slot's prompt and generated text: keep this port inside the cluster (the gateway
+# and Prometheus are its only clients), and --no-webui drops the chat UI nobody should reach here.
 exec llama-server \
   -m "$MODEL" \
   --alias Kimi-K3-UD-IQ1_S \
@@ -22,4 +25,5 @@ exec llama-server \
   --jinja \
   --reasoning-format deepseek \
   --metrics \
-  --slots
+  --slots \
+  --no-webui

@@ -255,11 +255,12 @@ class LlamaCppDialect(OpenAIDialect):
         return {**self.envelope(turn, stream=True), "choices": choices}
 
     def usage(self, turn: Turn, completion_tokens: int, *, final: bool = True) -> Json:
-        # No reasoning count and no cached-token details: llama-server reports only these three.
+        # No reasoning count, but the prompt tokens served from the slot's cache (usage_json_oaicompat).
         return {
             "completion_tokens": completion_tokens,
             "prompt_tokens": turn.prompt_tokens,
             "total_tokens": turn.prompt_tokens + completion_tokens,
+            "prompt_tokens_details": {"cached_tokens": turn.cached_tokens},
         }
 
     def token_choice(self, turn: Turn, index: int, finish_reason: str | None = None) -> Json:

@@ -36,13 +36,11 @@ def slots_json(engine: Engine) -> list[dict[str, Any]]:
             "is_processing": current is not None,
         }
         task = current or previous
-        if task is None:
-            slot["n_past"] = 0
+        if task is None:  # a slot that never served: only these four fields, as the real server says
             slots.append(slot)
             continue
         plan = task.plan
         slot.update(
-            n_past=plan.prompt_tokens + task.emitted,
             id_task=task.task_id,
             n_prompt_tokens=plan.prompt_tokens,
             n_prompt_tokens_processed=plan.prompt_tokens - plan.cached_tokens,
@@ -127,26 +125,27 @@ def _vllm_metrics(engine: Engine) -> str:
 def _llamacpp_metrics(engine: Engine) -> str:
     totals = engine.totals
     prompt_bucket, generation_bucket = engine.take_throughput_buckets()
-    kv_tokens = engine.kv_tokens()
-    capacity = engine.profile.kv_capacity_tokens
+    # The names, order and help texts of tools/server/server-task.cpp (to_metrics) in the llama.cpp that
+    # llama-cpp-python 0.3.36 vendors, checked against the real server by tests/real; it has no KV-cache
+    # gauge any more (older builds had llamacpp:kv_cache_usage_ratio, which the gateway still reads).
     counters = [
-        ("prompt_tokens_total", "Number of prompt tokens processed.",
+        ("prompt_tokens_total", "Number of prompt tokens processed, excluding cached tokens",
          totals.prompt_tokens - totals.cached_prompt_tokens),
-        ("prompt_seconds_total", "Prompt process time", totals.prompt_seconds),
-        ("tokens_predicted_total", "Number of generation tokens processed.", totals.generation_tokens),
-        ("tokens_predicted_seconds_total", "Predict process time", totals.generation_seconds),
+        ("prompt_tokens_cached_total", "Number of prompt tokens reused from the cache",
+         totals.cached_prompt_tokens),
+        ("prompt_seconds_total", "Total time spent processing prompts", totals.prompt_seconds),
+        ("tokens_predicted_total", "Number of generation tokens processed", totals.generation_tokens),
+        ("tokens_predicted_seconds_total", "Total time spent generating tokens", totals.generation_seconds),
     ]  # fmt: skip
     gauges = [
-        ("prompt_tokens_seconds", "Average prompt throughput in tokens/s.", prompt_bucket.per_second()),
+        ("prompt_tokens_seconds", "Average prompt throughput in tokens/s", prompt_bucket.per_second()),
         (
             "predicted_tokens_seconds",
-            "Average generation throughput in tokens/s.",
+            "Average generation throughput in tokens/s",
             generation_bucket.per_second(),
         ),
-        ("kv_cache_usage_ratio", "KV-cache usage. 1 means 100 percent usage.", kv_tokens / capacity),
-        ("kv_cache_tokens", "KV-cache tokens.", kv_tokens),
-        ("requests_processing", "Number of requests processing.", engine.running),
-        ("requests_deferred", "Number of requests deferred.", engine.waiting),
+        ("requests_processing", "Number of requests processing", engine.running),
+        ("requests_deferred", "Number of requests deferred", engine.waiting),
     ]
     # llama-server prints values through a C++ stream: six significant digits, no trailing ".0".
     lines = [

@@ -93,7 +93,13 @@ def parse_vllm_metrics(text: str, scraped_at: float, previous: LoadSignals | Non
 
 
 def parse_llamacpp_metrics(text: str, scraped_at: float, previous: LoadSignals | None) -> LoadSignals:
-    """Reads ``llama-server --metrics``; the KV-cache ratio only exists in older builds."""
+    """Reads ``llama-server --metrics``; the KV-cache ratio only exists in older builds.
+
+    llama-server adds a request's tokens to ``llamacpp:tokens_predicted_total`` when the request ends,
+    so the rate between two scrapes is lumpy: zero while long streams decode, a jump when they finish;
+    right over minutes, not per scrape. ``llamacpp:predicted_tokens_seconds`` is no better a substitute:
+    it is the per-stream speed of the requests finished since the previous scrape (each scrape resets it).
+    """
     samples = _finite_samples(text, _LLAMACPP_STEMS)
     return _load_signals(
         scraped_at,

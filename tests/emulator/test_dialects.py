@@ -123,7 +123,8 @@ async def test_llamacpp_stream_has_timings_on_the_last_chunk_and_no_reasoning_co
     assert finish["choices"] == [{"finish_reason": "stop", "index": 0, "delta": {}}]
     assert usage_chunk["choices"] == []
     assert usage_chunk["usage"] == {"completion_tokens": 80, "prompt_tokens": PROMPT_TOKENS,
-                                    "total_tokens": PROMPT_TOKENS + 80}  # fmt: skip
+                                    "total_tokens": PROMPT_TOKENS + 80,
+                                    "prompt_tokens_details": {"cached_tokens": 0}}  # fmt: skip
     timings = usage_chunk["timings"]
     assert timings["predicted_n"] == 80 and timings["predicted_per_second"] > 0
     assert {"prompt_n", "prompt_ms", "prompt_per_token_ms", "prompt_per_second", "predicted_ms",
@@ -141,7 +142,13 @@ async def test_llamacpp_full_response_and_omit_stream_usage(emulator: StartEmula
         await client.post("/emulator/faults", json={"omit_stream_usage": True})
         frames = await sse_frames(client, "/v1/chat/completions", chat_body(include_usage=True))
     assert full["choices"][0]["message"]["reasoning_content"] == "".join(words("think", 48))
-    assert set(full["usage"]) == {"completion_tokens", "prompt_tokens", "total_tokens"}
+    # No reasoning count (llama.cpp never counts thinking apart), only the cached prompt share.
+    assert set(full["usage"]) == {
+        "completion_tokens",
+        "prompt_tokens",
+        "total_tokens",
+        "prompt_tokens_details",
+    }
     assert full["usage"]["completion_tokens"] == 80
     assert full["timings"]["predicted_n"] == 80
     assert all("usage" not in f for f in frames[:-1])

@@ -31,7 +31,7 @@ LLAMACPP_SIGNALS = (
     "llamacpp:prompt_tokens_seconds",
     "llamacpp:tokens_predicted_total",
     "llamacpp:prompt_tokens_total",
-    "llamacpp:kv_cache_usage_ratio",
+    "llamacpp:prompt_tokens_cached_total",
 )
 
 

@@ -1,9 +1,12 @@
-"""`gateway demo --real`: a real model (Gemma 3 270M on llama.cpp) answers through the gateway."""
+"""`gateway demo --real`: a real model (Gemma 3 270M on llama.cpp's llama-server) answers through the
+gateway, which scrapes the server's /slots, /metrics and /health as the demo policy says."""
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
+import httpx
 import openai
 import pytest
 
@@ -32,6 +35,16 @@ def test_demo_real_serves_a_real_model(tmp_path: Path) -> None:
         answer = raw.parse()
         assert answer.choices[0].message.content
         assert answer.usage is not None and answer.usage.completion_tokens > 0
+        deadline = time.monotonic() + 60
+        while True:
+            backend = httpx.get(f"http://127.0.0.1:{port}/admin/backends", timeout=10).json()["backends"]
+            signals, scrape = backend["gemma-local"]["signals"], backend["gemma-local"]["scrape"]
+            if signals is not None and scrape["healthy"] and signals["generation_tokens_total"]:
+                break
+            assert time.monotonic() < deadline, backend["gemma-local"]
+            time.sleep(0.1)
+        # One slot, as the demo starts it and its policy's max_concurrency says.
+        assert signals["slots_total"] == 1 and scrape["last_error"] is None
     finally:
         assert demo.stop(timeout=20) == 0
     assert "real llama.cpp" in log.read_text()
