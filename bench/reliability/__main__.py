@@ -13,7 +13,7 @@ import traceback
 from collections.abc import Callable
 from pathlib import Path
 
-from bench.reliability import matrix, overload, restart, soak
+from bench.reliability import fuzz, matrix, overload, restart, soak
 from bench.reliability.row import Row, Scenario, Settings
 
 # name -> scenario; the order is the table's.
@@ -22,6 +22,7 @@ SCENARIOS: dict[str, Scenario] = {
     "soak": soak.run,
     "restart": restart.run,
     "overload": overload.run,
+    "fuzz": fuzz.run,
 }
 COLUMNS = (
     "scenario", "requests", "client-visible failures", "expected failures", "leaks",

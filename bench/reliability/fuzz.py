@@ -9,12 +9,11 @@ check schemathesis reports, and any traceback in the gateway's log. Leaks: the g
 descriptors and sockets after the run, once the traffic has stopped, against before it; its PSS after
 warm-up and at the end.
 
-    python -m bench.reliability.fuzz [--short] [--out DIR]
+    python -m bench.reliability --only fuzz [--short]
 """
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import json
 import os
@@ -291,31 +290,3 @@ def properties_row(settings: Settings) -> Row:
 def _count(output: str, word: str) -> int:
     match = re.search(rf"(\d+) {word}", output)
     return int(match.group(1)) if match else 0
-
-
-def main() -> int:
-    parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
-    parser.add_argument("--short", action="store_true", help="CI's version: under a minute")
-    parser.add_argument("--out", type=Path, default=None, help="logs and reports (default: a temp dir)")
-    parser.add_argument("--seed", type=int, default=1)
-    args = parser.parse_args()
-    out = args.out or Path(tempfile.mkdtemp(prefix="fuzz-"))
-    rows = run(Settings(short=args.short, out_dir=out, seed=args.seed))
-    print(f"\n{'scenario':<52} {'requests':>9} {'failures':>9} {'leaks':>6} {'PSS before/after (MiB)':>24}")
-    for row in rows:
-        memory = "-"
-        if row.memory_before_bytes and row.memory_after_bytes:
-            memory = f"{row.memory_before_bytes / 2**20:.0f} / {row.memory_after_bytes / 2**20:.0f}"
-        print(f"{row.scenario:<52} {row.requests:>9} {row.client_visible_failures:>9} "
-              f"{len(row.leaks):>6} {memory:>24}")  # fmt: skip
-    for row in rows:
-        for problem in [*row.problems, *row.leaks]:
-            print(f"\n{row.scenario}: {problem}")
-    print(f"\nlogs and reports: {out}")
-    return 0 if all(row.passed for row in rows) else 1
-
-
-if __name__ == "__main__":
-    sys.exit(main())
