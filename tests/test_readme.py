@@ -41,7 +41,7 @@ def test_the_test_command_says_what_a_cold_run_costs_and_what_is_cached_where() 
     cache = re.search(r'CACHE="\$\{GATEWAY_CACHE:-\$HOME/(\S+)\}"', setup)
     assert cache is not None
     note = README.split("bash tests/check.sh\n```", 1)[1].split("\n## ", 1)[0]
-    assert "12 minutes" in note and "llama-cpp-python" in note
-    for folder in ("wheels", "models"):
+    assert "minutes" in note and "llama-server" in note
+    for folder in ("bin", "models"):
         assert f"~/{cache.group(1)}/{folder}" in note, folder
     assert "$GATEWAY_CACHE" in note
