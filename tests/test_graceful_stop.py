@@ -101,6 +101,15 @@ def streams_in_flight(url: str, count: int = STREAMS) -> tuple[list[Stream], lis
     return streams, threads
 
 
+def assert_ended_by_the_stop(stream: Stream) -> None:
+    """A stream the grace period ran out on: tokens flowed, then the stop's SSE error event, then a close."""
+    assert stream.error is None, f"the connection was cut instead of closed: {stream.error}"
+    assert stream.status == 200
+    last = stream.body.rstrip().rsplit("\n\n", 1)[-1]
+    assert last.startswith("data: {") and SHUTDOWN_CODE in last, stream.body[-400:]
+    assert '"content"' in stream.body, "tokens flowed before the stop"
+
+
 def sigterm_then_ready_status(server: ProcessServer, url: str) -> int:
     assert server.proc is not None
     server.proc.send_signal(signal.SIGTERM)  # by pid, as Kubernetes would
@@ -145,11 +154,7 @@ def test_streams_open_after_the_grace_period_end_with_an_error_event(
             thread.join(90)
         assert server.proc is not None and server.proc.wait(60) == 0
     for stream in streams:
-        assert stream.error is None, f"the connection was cut instead of closed: {stream.error}"
-        assert stream.status == 200
-        last = stream.body.rstrip().rsplit("\n\n", 1)[-1]
-        assert last.startswith("data: {") and SHUTDOWN_CODE in last, stream.body[-400:]
-        assert '"content"' in stream.body, "tokens flowed before the stop"
+        assert_ended_by_the_stop(stream)
     assert ledger_rows(tmp_path) == [("error", SHUTDOWN_CODE)] * STREAMS, "the row says why it ended"
 
 
