@@ -17,6 +17,7 @@ from starlette.types import Receive, Scope, Send
 
 from gateway.api import admin, dashboard, openai
 from gateway.api.responses import exception_handlers
+from gateway.heap import settle_heap
 from gateway.request.proxy import serve
 from gateway.runtime import Runtime
 
@@ -50,14 +51,20 @@ class GatewayApp:
         await self.app(scope, receive, send)
 
 
-def create_app(build_runtime: Callable[[], Runtime], *, metrics_port: int | None = None) -> GatewayApp:
-    """``build_runtime`` runs inside the server's event loop, at start-up, exactly once."""
+def create_app(
+    build_runtime: Callable[[], Runtime], *, metrics_port: int | None = None, serving_process: bool = False
+) -> GatewayApp:
+    """``build_runtime`` runs inside the server's event loop, at start-up, exactly once. A
+    ``serving_process`` (``gateway serve``, each of its workers) owns its process: once started, it
+    settles the collector for serving (``gateway.heap``)."""
 
     @asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
         runtime = build_runtime()
         app.state.runtime = runtime
         await runtime.start()
+        if serving_process:
+            settle_heap()
         try:
             yield
         finally:

@@ -112,7 +112,7 @@ def serve(
             runtime.request_listeners.append(request_listener)
         return runtime
 
-    app = create_app(build_runtime, metrics_port=metrics_port)
+    app = create_app(build_runtime, metrics_port=metrics_port, serving_process=True)
     config = uvicorn.Config(
         app,
         host=host,
@@ -305,7 +305,8 @@ def worker_app() -> GatewayApp:
             require_keys=bool(config["require_keys"]),
             ledger_path=config["ledger"],
             redis_url=config["redis_url"],
-        )
+        ),
+        serving_process=True,
     )
     WorkerDrain(app, float(config.get("grace_s", DEFAULT_GRACE_S))).install()
     return app
