@@ -270,6 +270,10 @@ class Runtime:
 
     def _price(self, exchange: Exchange, attempt: Attempt, usage: Usage, *, streaming: bool = False) -> None:
         backend = exchange.policy.backends[attempt.backend]
+        if backend.pool_price is None:  # a list price: what the pool has measured does not matter
+            cost = attempt_cost(backend, usage, None)
+            attempt.cost_usd, attempt.cost_basis, attempt.prefill_cost_usd = cost.usd, cost.basis, None
+            return
         view = self.stats.view(attempt.backend)
         throughput = view.aggregate_tokens_per_s
         if throughput is None and streaming and attempt.ttft_s is not None and usage.completion_tokens > 1:
@@ -278,8 +282,11 @@ class Runtime:
             decoding = self.clock() - attempt.started_at - attempt.ttft_s
             throughput = (usage.completion_tokens - 1) / decoding if decoding > 0 else None
         cost = attempt_cost(backend, usage, throughput, view.prefill_tokens_per_s)
-        attempt.cost_usd, attempt.cost_basis = cost.usd, cost.basis
-        attempt.prefill_cost_usd = cost.prefill_usd if backend.pool_price is not None else None
+        attempt.cost_usd, attempt.cost_basis, attempt.prefill_cost_usd = (
+            cost.usd,
+            cost.basis,
+            cost.prefill_usd,
+        )
 
     def error_returned(self, error: GatewayError) -> None:
         origin = "upstream" if isinstance(error, (UpstreamError, UpstreamClientError)) else "gateway"

@@ -254,17 +254,22 @@ class _BackendStats:
         slots = self.signals.slots_total if self.signals is not None else None
         return min(concurrency, float(slots)) if slots else concurrency
 
-    def view(self, now: float) -> BackendView:
-        if self.cached_view is not None and not self.changed and now < self.next_check_at:
-            return self.cached_view
-        refresh_s = self.owner.refresh_s
-        if self.samples_pending and (now - self.summarized_at >= refresh_s or self.summarized_samples == 0):
+    def summarize(self, now: float) -> None:
+        """Refresh the latency quantiles from the samples, at most once per ``refresh_s``."""
+        if self.samples_pending and (
+            now - self.summarized_at >= self.owner.refresh_s or self.summarized_samples == 0
+        ):
             self.quantiles = (self.ttft.quantiles(0.5, 0.95) or (None, None)) + (
                 self.first_answer.quantiles(0.5, 0.95) or (None, None)
             )
             self.summarized_samples = len(self.ttft)
             self.summarized_at = now
             self.samples_pending = False
+
+    def view(self, now: float) -> BackendView:
+        if self.cached_view is not None and not self.changed and now < self.next_check_at:
+            return self.cached_view
+        self.summarize(now)
         signals = self.signals
         stale_at = math.inf
         if signals is not None:
@@ -312,6 +317,7 @@ class _BackendStats:
         # The next moment this view may go out of date with nothing fed in: a circuit's cooldown
         # ends, signals go stale, pending samples are due, or busy concurrency drifts.
         next_check = stale_at
+        refresh_s = self.owner.refresh_s
         half_open_at = self.breaker.half_open_at
         if half_open_at is not None and half_open_at > now:
             next_check = min(next_check, half_open_at)
@@ -484,6 +490,12 @@ class LiveStats:
 
     def view(self, backend: str) -> BackendView:
         return self._stats(backend).view(self.clock())
+
+    def ttft_p50_s(self, backend: str) -> float | None:
+        """The view's ``ttft_p50_s`` without building a view (once per non-streamed answer)."""
+        stats = self._stats(backend)
+        stats.summarize(self.clock())
+        return stats.quantiles[0]
 
     def snapshot(self, backends: Iterable[str]) -> Mapping[str, BackendView]:
         now = self.clock()

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import calendar
+import functools
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -82,8 +83,17 @@ class Reservation:
 
 
 def period_id(period: Period, wall: float) -> str:
-    t = time.gmtime(wall)
-    return f"{t.tm_year:04d}-{t.tm_mon:02d}" + (f"-{t.tm_mday:02d}" if period == "day" else "")
+    """``2026-12`` (month) or ``2026-12-02`` (day), UTC; every request settles two or four of these."""
+    day = _day_ids(int(wall // 86_400))
+    return day[1] if period == "day" else day[0]
+
+
+@functools.lru_cache(maxsize=8)
+def _day_ids(day: int) -> tuple[str, str]:
+    """The month and day ids of the UTC day ``day`` (days since the epoch), built once per day."""
+    t = time.gmtime(day * 86_400)
+    month = f"{t.tm_year:04d}-{t.tm_mon:02d}"
+    return month, f"{month}-{t.tm_mday:02d}"
 
 
 def period_bounds(period: Period, wall: float) -> tuple[float, float]:

@@ -235,7 +235,7 @@ async def complete_once(exchange: Exchange, attempt: Attempt, call: UpstreamCall
         attempt.decode_s = min(decode_s, duration)
         attempt.ttft_s = duration - attempt.decode_s
     else:  # the backend's usual first-token wait, measured on its streams, was not decoding
-        usual_ttft = runtime.stats.view(call.backend.name).ttft_p50_s or 0.0
+        usual_ttft = runtime.stats.ttft_p50_s(call.backend.name) or 0.0
         attempt.decode_s = duration - usual_ttft if usual_ttft < duration else duration
     exchange.end_attempt()
     if observation.cost_usd is not None:  # the answer's usage says what it cost, as OpenRouter's do
