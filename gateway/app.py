@@ -17,7 +17,7 @@ from starlette.types import Receive, Scope, Send
 
 from gateway.api import admin, dashboard, openai
 from gateway.api.responses import exception_handlers
-from gateway.heap import settle_heap
+from gateway.process import tune_for_serving
 from gateway.request.proxy import serve
 from gateway.runtime import Runtime
 
@@ -56,7 +56,7 @@ def create_app(
 ) -> GatewayApp:
     """``build_runtime`` runs inside the server's event loop, at start-up, exactly once. A
     ``serving_process`` (``gateway serve``, each of its workers) owns its process: once started, it
-    settles the collector for serving (``gateway.heap``)."""
+    tunes the interpreter for serving (``gateway.process``)."""
 
     @asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
@@ -64,7 +64,7 @@ def create_app(
         app.state.runtime = runtime
         await runtime.start()
         if serving_process:
-            settle_heap()
+            tune_for_serving()
         try:
             yield
         finally:

@@ -1,7 +1,7 @@
 """A finished request leaves nothing for the cyclic collector: its exchange and everything it held are
 freed by reference counting the moment it settles, whichever way it ended (answered whole, streamed,
 refused, left by its client mid-stream). ``gateway serve`` relies on it to make collections rare
-(``gateway.heap``); one reference cycle per request put ~50 objects per request on the collector and
+(``gateway.process``); one reference cycle per request put ~50 objects per request on the collector and
 cost ~8% of the CPU under load.
 
 The collector is off while the requests run, so an exchange caught in a cycle stays in memory and is
