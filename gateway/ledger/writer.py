@@ -59,7 +59,10 @@ class Ledger:
         self._probes: deque[LedgerRow] = deque(maxlen=10_000)  # synthetic probes, apart
         # Being written now, with each row's key: kept and retried as is when a write fails.
         self._batch: list[tuple[Any, ...]] = []
-        self._keys = (f"{os.urandom(6).hex()}-{n}" for n in itertools.count(1))
+        # Random once per writer, then counted: unique across replicas and restarts without a
+        # getrandom() call per row.
+        prefix = os.urandom(6).hex()
+        self._keys = (f"{prefix}-{n}" for n in itertools.count(1))
         self._wake = threading.Event()
         self._stopping = False
         self._thread: threading.Thread | None = None
