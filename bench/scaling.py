@@ -262,8 +262,7 @@ async def saturation(way: Way, s: Settings, stream: bool, window: FleetWindow) -
 
 
 def settings_for(quick: bool, workers: int, smoke: bool = False) -> Settings:
-    """bench.run's phases; --quick shorter still (two paced steps); --smoke a few seconds in all, to
-    try the harness itself."""
+    """bench.run's phases (--quick: its quick ones); --smoke a few seconds in all, to try the harness."""
     base = Settings.make(quick or smoke, None)
     concurrency = max(64, 32 * workers)  # c=64 saturates one or two workers; more want more
     if smoke:
@@ -276,9 +275,10 @@ def settings_for(quick: bool, workers: int, smoke: bool = False) -> Settings:
             paced_refine=0,
             concurrency=concurrency,
         )
+    # Steps beyond bench.run's: N workers carry more paced streams than one core does.
     if quick:
-        return replace(base, saturation_s=2.0, paced_steps=(16, 64), paced_refine=0, concurrency=concurrency)
-    return replace(base, concurrency=concurrency)
+        return replace(base, paced_steps=(16, 64, 256, 1024), concurrency=concurrency)
+    return replace(base, paced_steps=(*base.paced_steps, 2048), concurrency=concurrency)
 
 
 async def measure_throughput(
@@ -893,7 +893,7 @@ def main(argv: list[str] | None = None, *, cores: Sequence[int] | None = None, s
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("--workers", type=int, default=2, help="the worker count compared with one (2)")
-    parser.add_argument("--quick", action="store_true", help="short phases, two paced steps")
+    parser.add_argument("--quick", action="store_true", help="bench.run's short phases (about 2 minutes)")
     parser.add_argument(
         "--smoke",
         action="store_true",
