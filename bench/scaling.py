@@ -10,9 +10,10 @@ Two parts, against the bench upstream and a redis-server of this run's own (no p
    would share cores and the ratio would measure the sharing, so it is not measured (``--force`` runs
    it anyway, labelled as no scaling figure).
 2. Shared state under N workers, on any machine and at light load: an API key's requests per minute
-   and a route's daily budget must hold fleet-wide, whichever worker each request reaches. Many
-   separate connections, so the kernel hands them to different workers; the ledger's ``replica``
-   column says which worker served each request.
+   and a route's daily budget must hold fleet-wide, whichever worker each request reaches. Each
+   request has a connection of its own, which the kernel hands to some worker; /ready on it says
+   which, the requests go out spread evenly over the workers (so none reaches the limit alone), and
+   the ledger's ``replica`` column must agree on who served what.
 
 Writes DIR/scaling.json and DIR/scaling.md; exits 1 when the shared-state check fails, 2 without
 redis-server.
