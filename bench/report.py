@@ -188,6 +188,21 @@ def goals(results: dict[str, Any]) -> list[tuple[str, str, bool | None]]:
     out.append(
         (f"memory flat over {_fmt(n, 0)} requests (growth <= 5 MB or 5%)", f"{_fmt(growth, 1)} MB", flat)
     )
+    scaling = results.get("scaling")
+    if isinstance(scaling, dict):
+        g = scaling.get("goal", {})
+        status = str(g.get("status", "n/a"))
+        judged = True if status == "met" else False if status == "MISSED" else None
+        measured = str(g.get("measured", "-")) + ("" if judged is not None else f"; {status}")
+        out.append((str(g.get("goal", "two workers")), measured, judged))
+        check = scaling.get("shared_state", {})
+        out.append(
+            (
+                "budgets and rate limits hold fleet-wide with 2 workers over Redis",
+                "passed" if check.get("passed") else "failed",
+                bool(check.get("passed")),
+            )
+        )
     decision = _get(results, "decision", "snapshot_and_decide", "p50_us")
     out.append(
         (

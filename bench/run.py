@@ -159,6 +159,9 @@ async def run(args: argparse.Namespace, say: Progress) -> dict[str, Any]:
             proc.stop()
         say("== routing decision microbenchmark (50 backends, live stats, core 0)")
         results["decision"] = await decision(5_000 if args.quick else 20_000, out_dir, notes)
+        if not args.skip_scaling:
+            say("== gateway serve --workers 2 against one worker, with Redis (python -m bench.scaling)")
+            results["scaling"] = await scaling(args.quick, out_dir / "scaling", notes)
     finally:
         for proc in reversed(procs):
             proc.stop()
@@ -181,6 +184,23 @@ async def decision(iterations: int, out_dir: Path, notes: list[str]) -> dict[str
     return result
 
 
+async def scaling(quick: bool, out_dir: Path, notes: list[str]) -> dict[str, Any] | None:
+    """bench.scaling in a process of its own, on every core (this one is pinned to the load core): its
+    throughput ratio where the machine has the cores for it, its shared-state check everywhere."""
+    cores = f"0-{(os.cpu_count() or 1) - 1}"
+    argv = ["taskset", "-c", cores, sys.executable, "-m", "bench.scaling", "--out", str(out_dir)]
+    child = await asyncio.create_subprocess_exec(
+        *argv, *(["--quick"] if quick else []), env={**os.environ, "PYTHONPATH": str(servers.REPO)},
+    )  # fmt: skip
+    await child.wait()  # its progress and tables go to our stdout as they come
+    path = out_dir / "scaling.json"
+    if child.returncode == 2 or not path.exists():
+        notes.append(f"bench.scaling did not run (exit {child.returncode}): see its output above")
+        return None
+    result: dict[str, Any] = json.loads(path.read_text())
+    return result
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.run", description=__doc__)
     parser.add_argument(
@@ -196,6 +216,11 @@ def main(argv: list[str] | None = None) -> int:
         help="do not measure the bare pass-through proxy (bench/passthrough.py)",
     )
     parser.add_argument("--no-profile", action="store_true", help="skip the py-spy profiles of the gateway")
+    parser.add_argument(
+        "--skip-scaling",
+        action="store_true",
+        help="do not run bench.scaling (--workers 2 against one worker, and the fleet-wide shared state)",
+    )
     parser.add_argument("--requests", type=int, default=None, help="requests in the memory run (100k full)")
     parser.add_argument(
         "--base-port", type=int, default=18001, help="upstream port; gateway +1, LiteLLM +2, bare +3"
