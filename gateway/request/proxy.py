@@ -102,7 +102,7 @@ async def answer(exchange: Exchange, request: Request, receive: Receive) -> Resp
     runtime, policy = exchange.runtime, exchange.policy
     exchange.key = runtime.authenticate(policy, request.headers)
     server = policy.server
-    body = await read_body(request, policy.max_body_bytes, server.body_timeout_s)
+    body = await read_body(request.headers, receive, policy.max_body_bytes, server.body_timeout_s)
     # The place is taken once the body is in: a body still trickling holds none.
     exchange.in_flight = runtime.in_flight.enter(server.max_in_flight)
     if not exchange.in_flight:
@@ -245,24 +245,31 @@ async def complete_once(exchange: Exchange, attempt: Attempt, call: UpstreamCall
     return reply
 
 
-async def read_body(request: Request, limit: int, timeout_s: float) -> bytes:
+async def read_body(headers: Headers, receive: Receive, limit: int, timeout_s: float) -> bytes:
     """The whole body, at most ``limit`` bytes, within ``timeout_s``: a client that trickles it (or
-    declares more than it sends) is answered 408 and its connection closed, instead of holding a place."""
-    declared = request.headers.get("content-length")
+    declares more than it sends) is answered 408 and its connection closed, instead of holding a place.
+    Read from the ASGI messages themselves (Starlette's ``Request.stream`` is an async generator more)."""
+    declared = headers.get("content-length")
     if declared is not None and declared.isdigit() and int(declared) > limit:
         raise BodyTooLarge(f"request body is {int(declared)} bytes; the limit is {limit}")
     chunks: list[bytes] = []
     size = 0
     try:
         async with asyncio.timeout(timeout_s):
-            async for chunk in request.stream():
+            while True:
+                message = await receive()
+                if message["type"] == "http.disconnect":
+                    raise ClientDisconnect
+                chunk = message.get("body", b"")
                 size += len(chunk)
                 if size > limit:
                     raise BodyTooLarge(f"request body exceeds the limit of {limit} bytes")
                 chunks.append(chunk)
+                if not message.get("more_body", False):
+                    break
     except TimeoutError:
         raise BodyTimeout(f"the request body did not arrive within {timeout_s:g}s") from None
-    return b"".join(chunks)
+    return chunks[0] if len(chunks) == 1 else b"".join(chunks)
 
 
 async def shed(runtime: Runtime, door: Door, scope: Scope, receive: Receive, send: Send) -> None:
