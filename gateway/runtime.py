@@ -282,11 +282,8 @@ class Runtime:
             decoding = self.clock() - attempt.started_at - attempt.ttft_s
             throughput = (usage.completion_tokens - 1) / decoding if decoding > 0 else None
         cost = attempt_cost(backend, usage, throughput, view.prefill_tokens_per_s)
-        attempt.cost_usd, attempt.cost_basis, attempt.prefill_cost_usd = (
-            cost.usd,
-            cost.basis,
-            cost.prefill_usd,
-        )
+        attempt.cost_usd, attempt.cost_basis = cost.usd, cost.basis
+        attempt.prefill_cost_usd = cost.prefill_usd
 
     def error_returned(self, error: GatewayError) -> None:
         origin = "upstream" if isinstance(error, (UpstreamError, UpstreamClientError)) else "gateway"
