@@ -91,6 +91,25 @@ def start(
     return Proc(name, popen, log_path, started)
 
 
+def start_redis(name: str, port: int, *, cpus: str, log_dir: Path, timeout_s: float = 20.0) -> Proc:
+    """A redis-server of the run's own on a loopback port, without persistence, once it answers PING;
+    stopped by its pid."""
+    argv = ["redis-server", "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"]
+    argv += ["--dir", str(log_dir), "--protected-mode", "yes"]
+    proc = start(name, argv, cpus=cpus, log_dir=log_dir)
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline and proc.alive():
+        try:
+            with socket.create_connection(("127.0.0.1", port), timeout=1) as sock:
+                sock.sendall(b"PING\r\n")
+                if sock.recv(64).startswith(b"+PONG"):
+                    return proc
+        except OSError:
+            time.sleep(0.05)
+    proc.stop()
+    raise RuntimeError(f"redis-server did not answer on port {port}:\n{proc.log_tail()}")
+
+
 def pin_self(cpus: set[int]) -> None:
     with contextlib.suppress(AttributeError, OSError):
         os.sched_setaffinity(0, cpus)

@@ -42,7 +42,7 @@ import orjson
 
 from bench import report, servers
 from bench.loadgen import closed_loop
-from bench.procs import Proc, core_busy_s, pin_self, start
+from bench.procs import Proc, core_busy_s, pin_self, start, start_redis
 from bench.run import Progress, loadavg, machine
 from bench.suite import Settings, Way, latency_summary, paced, wait_ready
 from gateway.request.auth import digest_of, new_key
@@ -138,24 +138,6 @@ def child_env() -> dict[str, str]:
         "GATEWAY_REDIS_URL": "",
         "LITELLM_LOCAL_MODEL_COST_MAP": "True",
     }
-
-
-def start_redis(port: int, cores: Sequence[int], log_dir: Path) -> Proc:
-    """A redis-server of this run's own on a loopback port, without persistence; stopped by its pid."""
-    argv = ["redis-server", "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"]
-    argv += ["--dir", str(log_dir), "--protected-mode", "yes"]
-    proc = start("redis", argv, cpus=cpu_list(cores), log_dir=log_dir)
-    deadline = time.monotonic() + 20
-    while time.monotonic() < deadline and proc.alive():
-        try:
-            with socket.create_connection(("127.0.0.1", port), timeout=1) as sock:
-                sock.sendall(b"PING\r\n")
-                if sock.recv(64).startswith(b"+PONG"):
-                    return proc
-        except OSError:
-            time.sleep(0.05)
-    proc.stop()
-    raise RuntimeError(f"redis-server did not answer on port {port}:\n{proc.log_tail()}")
 
 
 def start_upstream(port: int, cores: Sequence[int], log_dir: Path) -> Proc:
@@ -933,7 +915,7 @@ async def run(
             f"starting redis-server on port {redis_port} and the upstream on {upstream_port} "
             f"(cores {cpu_list(layout.upstream)})"
         )
-        redis = start_redis(redis_port, layout.upstream, out_dir)
+        redis = start_redis("redis", redis_port, cpus=cpu_list(layout.upstream), log_dir=out_dir)
         procs.append(redis)
         redis_url = f"redis://127.0.0.1:{redis_port}/0"
         upstream = start_upstream(upstream_port, layout.upstream, out_dir)

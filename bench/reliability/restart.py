@@ -10,16 +10,14 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
-import socket
 import subprocess
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from pathlib import Path
 
 import httpx
 
-from bench.procs import Proc, start
+from bench.procs import Proc, start_redis
 from bench.reliability.balancer import Balancer
 from bench.reliability.client import CUT_MID_STREAM, ERROR_EVENT, OK, Outcome, ask, new_client, tally
 from bench.reliability.holdings import ledger_rows, metric
@@ -64,22 +62,6 @@ ledger: {{flush_interval_s: 0.2}}
 """
 
 
-def start_redis(port: int, out: Path) -> Proc:
-    argv = ["redis-server", "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"]
-    proc = start("restart-redis", argv, cpus="0-1", log_dir=out)
-    deadline = time.monotonic() + 30
-    while time.monotonic() < deadline:
-        try:
-            with socket.create_connection(("127.0.0.1", port), timeout=1) as sock:
-                sock.sendall(b"PING\r\n")
-                if sock.recv(64).startswith(b"+PONG"):
-                    return proc
-        except OSError:
-            time.sleep(0.1)
-    proc.stop()
-    raise RuntimeError(f"redis-server did not answer on port {port}:\n{proc.log_tail()}")
-
-
 def inflight(replica: Replica) -> int:
     """Attempts in flight at this replica alone (the dashboard's figure is the fleet's, through Redis)."""
     try:
@@ -118,7 +100,7 @@ def run(settings: Settings) -> list[Row]:
     for replica in replicas:
         (out / f"{replica.name}-ledger.sqlite3").unlink(missing_ok=True)
     redis_port, pool_port = free_port(), free_port()
-    redis = start_redis(redis_port, out)
+    redis = start_redis("restart-redis", redis_port, cpus="0-1", log_dir=out, timeout_s=30.0)
     pool = start_emulator("restart-pool", "b300-vllm", pool_port, out, "--time-scale", "0.5")
     try:
         httpx.post(f"http://127.0.0.1:{pool_port}/emulator/faults", json=SHAPE, timeout=10).raise_for_status()
