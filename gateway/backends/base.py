@@ -1,7 +1,8 @@
 """The backend seam: what the request path asks of any kind of upstream, and nothing more.
 
 A ``BackendClient`` opens one call (``UpstreamCall``) and hands back an ``Upstream``: a small handle
-that yields the answer's bytes (``chunks``) or reads it whole (``read``) and is closed exactly once
+that yields the answer's bytes (``chunks``), hands them to a callback as they arrive (``push``) or
+reads it whole (``read``) and is closed exactly once
 (``close``: the connection is reused when the answer was read to its end, cut otherwise, which is
 what frees the upstream's slot). Failures leave a client only as ``AttemptFailure``. The same client
 also fetches the plain GET pages that signals and health read (``fetch``), so a process has one
@@ -10,11 +11,14 @@ HTTP stack for upstream traffic.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from typing import Protocol
 
 from gateway.policy.compiled import CompiledBackend
+
+# Takes one piece of a body; False: stop handing pieces over for now (the caller has work to await).
+Take = Callable[[bytes], bool]
 
 
 @dataclass(frozen=True, slots=True)
@@ -44,6 +48,12 @@ class Upstream(Protocol):
 
     def chunks(self) -> AsyncIterator[bytes]:
         """The body's bytes as the network delivers them (a stream's SSE events, in any cut)."""
+        ...
+
+    async def push(self, take: Take) -> bool:
+        """Hand the body's next pieces to ``take`` as they arrive, until it returns False (then False)
+        or the body has ended (then True). Where the client can, ``take`` runs in the network callback
+        itself, so a relay waits once per stream instead of once per token. Fails as ``chunks`` does."""
         ...
 
     async def read(self, timeout_s: float) -> bytes:

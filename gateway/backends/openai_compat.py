@@ -1,9 +1,10 @@
-"""The client for OpenAI-compatible upstreams (vLLM, SGLang, llama.cpp server, paid APIs): aiohttp.
+"""The client for OpenAI-compatible upstreams (vLLM, SGLang, llama.cpp server, paid APIs).
 
-It owns the pooled aiohttp session and is the one place aiohttp objects and exceptions exist: every
-failure leaves here as ``AttemptFailure``, every answer as an ``OpenAICompatUpstream`` handle.
-Dialect differences that matter for measuring (usage shapes, reasoning fields) are read in
-``gateway.request.dialect``.
+Calls go over ``gateway.backends.wire`` (HTTP/1.1 on asyncio protocols: a stream's pieces reach the
+relay from the network callback, with no task wake-up per token); the plain GETs that signals and
+health read go over a pooled aiohttp session. Every failure leaves here as ``AttemptFailure``, every
+answer as an ``OpenAICompatUpstream`` handle. Dialect differences that matter for measuring (usage
+shapes, reasoning fields) are read in ``gateway.request.dialect``.
 """
 
 from __future__ import annotations
@@ -15,39 +16,47 @@ from typing import Any
 import aiohttp
 import orjson
 
-from gateway.backends.base import Fetched, UpstreamCall
+from gateway.backends.base import Fetched, Take, UpstreamCall
+from gateway.backends.wire import Origin, WireError, WirePool, WireResponse
 from gateway.errors import AttemptFailure, UpstreamClientError
 from gateway.policy.compiled import CompiledBackend
 
-# Per backend: request headers, the timeout of a stream, the timeout of a whole answer.
-Prepared = tuple[dict[str, str], aiohttp.ClientTimeout, aiohttp.ClientTimeout]
 # Statuses that mean "this request is wrong", not "this backend is wrong": passed on, never retried.
 CLIENT_FAULT_STATUSES = frozenset({400, 413, 422})
+STATUS_BODY_WAIT_S = 5.0  # how long a refusal's body may take to arrive (its message is only a courtesy)
 
 
 class OpenAICompatUpstream:
     """One answer in flight on a pooled connection."""
 
-    __slots__ = ("_backend", "_closed", "_response")
+    __slots__ = ("_backend", "_response")
 
-    def __init__(self, backend: CompiledBackend, response: aiohttp.ClientResponse) -> None:
+    def __init__(self, backend: CompiledBackend, response: WireResponse) -> None:
         self._backend = backend
         self._response = response
-        self._closed = False
 
     async def chunks(self) -> AsyncIterator[bytes]:
-        """Bytes as the network delivers them; the socket's read timeout bounds each wait."""
-        content = self._response.content
+        """Bytes as the network delivers them; the read clock bounds each wait."""
+        response = self._response
+        while True:
+            try:
+                data = await response.readany()
+            except WireError as exc:
+                raise self._mid_stream(exc) from None
+            if not data:
+                return
+            yield data
+
+    async def push(self, take: Take) -> bool:
         try:
-            while True:
-                data = await content.readany()
-                if not data:
-                    return
-                yield data
-        except TimeoutError as exc:  # aiohttp's ServerTimeoutError is one
-            raise AttemptFailure("timeout", f"{self._backend.name}: stream went silent") from exc
-        except (aiohttp.ClientError, OSError) as exc:
-            raise AttemptFailure("dropped", f"{self._backend.name}: stream broke off") from exc
+            return await self._response.push(take)
+        except WireError as exc:
+            raise self._mid_stream(exc) from None
+
+    def _mid_stream(self, exc: WireError) -> AttemptFailure:
+        if exc.kind == "silent":
+            return AttemptFailure("timeout", f"{self._backend.name}: stream went silent")
+        return AttemptFailure("dropped", f"{self._backend.name}: stream broke off")
 
     async def read(self, timeout_s: float) -> bytes:
         try:
@@ -55,66 +64,85 @@ class OpenAICompatUpstream:
                 return await self._response.read()
         except TimeoutError as exc:
             raise AttemptFailure("timeout", f"{self._backend.name}: response body timed out") from exc
-        except (aiohttp.ClientError, OSError) as exc:
+        except WireError as exc:
             raise AttemptFailure("dropped", f"{self._backend.name}: connection lost while reading") from exc
 
     def expect_chunks_within(self, idle_s: float) -> None:
-        """aiohttp re-arms its read timer on every packet anyway; setting it here costs nothing per
-        chunk, where an ``asyncio.timeout`` around each read would cost a timer and a context."""
-        connection = self._response.connection
-        if connection is not None and connection.protocol is not None:
-            connection.protocol.read_timeout = idle_s
-            connection.protocol.start_timeout()  # re-arm now: the running timer was for the first byte
+        self._response.read_within(idle_s)
 
     def close(self) -> None:
-        if self._closed:
-            return
-        self._closed = True
-        response = self._response
-        if response.content.is_eof():
-            response.release()  # read to its end: the connection goes back to the pool
-        else:
-            response.close()  # cut: the upstream sees its client leave and frees the slot
+        # Read to its end: the connection goes back to the pool; cut: the upstream sees its client
+        # leave and frees the slot.
+        self._response.close()
+
+
+# Per backend: its origin, the request heads by path, the first-read clock of a stream, connect clock.
+class _Prepared:
+    __slots__ = ("backend", "connect_s", "first_read_s", "headers", "heads", "origin")
+
+    def __init__(self, backend: CompiledBackend) -> None:
+        self.backend = backend
+        self.origin = Origin.of(backend.base_url)
+        headers = {
+            "content-type": "application/json",
+            "accept": "application/json, text/event-stream",
+            "accept-encoding": "gzip, deflate",
+        }
+        if backend.api_key:
+            headers["authorization"] = f"Bearer {backend.api_key}"
+        self.headers = headers
+        self.heads: dict[str, bytes] = {}
+        timeouts = backend.timeouts
+        self.first_read_s = max(timeouts.first_byte_s, timeouts.idle_s)
+        self.connect_s = timeouts.connect_s
+
+    def head(self, path: str) -> bytes:
+        head = self.heads.get(path)
+        if head is None:
+            head = self.heads[path] = self.origin.head(path, self.headers)
+        return head
 
 
 class OpenAICompatClient:
     def __init__(self, *, max_connections: int = 0) -> None:
-        # limit=0: no pool-wide cap; each backend's max_concurrency is enforced by the decision.
+        self._wire = WirePool()
+        # For the GETs only: limit=0 no pool-wide cap.
         connector = aiohttp.TCPConnector(limit=max_connections, limit_per_host=0, ttl_dns_cache=300)
         self._session = aiohttp.ClientSession(
             connector=connector,
             timeout=aiohttp.ClientTimeout(total=None),
-            json_serialize=lambda o: orjson.dumps(o).decode(),
             auto_decompress=True,
             skip_auto_headers=("User-Agent",),
         )
-        self._prepared_for: dict[str, tuple[CompiledBackend, Prepared]] = {}
+        self._prepared_for: dict[str, _Prepared] = {}
 
     async def close(self) -> None:
+        self._wire.close()
         await self._session.close()
 
     async def open(self, call: UpstreamCall) -> OpenAICompatUpstream:
-        """POST the call and return once its headers arrived with status 200.
+        """POST the call and return once its head arrived with status 200.
 
         Within a stream the socket may then stay silent up to the backend's ``first_byte_s`` until
         the relay tightens that to ``idle_s`` with ``expect_chunks_within``.
         """
         backend = call.backend
-        headers, stream_timeout, whole_timeout = self._prepared(backend)
-        timeout = stream_timeout if call.stream else whole_timeout
+        prepared = self._prepared(backend)
         try:
             async with asyncio.timeout(call.wait_s):
-                response = await self._session.post(
-                    backend.base_url + call.path, data=call.body, headers=headers, timeout=timeout
+                response = await self._wire.post(
+                    prepared.origin, prepared.head(call.path), call.body, prepared.connect_s
                 )
         except TimeoutError as exc:
             raise AttemptFailure("timeout", f"{backend.name}: no response in {call.wait_s:g}s") from exc
-        except aiohttp.ClientConnectorError as exc:
-            raise AttemptFailure("connect_error", f"{backend.name}: cannot connect") from exc
-        except (aiohttp.ClientError, OSError) as exc:
-            raise AttemptFailure("upstream_error", f"{backend.name}: {type(exc).__name__}") from exc
+        except WireError as exc:
+            if exc.kind == "connect":
+                raise AttemptFailure("connect_error", f"{backend.name}: cannot connect") from exc
+            raise AttemptFailure("upstream_error", f"{backend.name}: {_named(exc)}") from exc
         if response.status != 200:
             raise await _failure_from_status(backend, response)
+        if call.stream:
+            response.read_within(prepared.first_read_s)
         return OpenAICompatUpstream(backend, response)
 
     async def fetch(self, url: str, headers: dict[str, str] | None, timeout_s: float) -> Fetched:
@@ -129,33 +157,29 @@ class OpenAICompatClient:
             # Timeouts often carry no message: the exception's name is the useful part.
             return Fetched(None, error=f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__)
 
-    def _prepared(self, backend: CompiledBackend) -> Prepared:
-        """Headers and timeouts of a backend, built once per compiled backend, not once per request."""
+    def _prepared(self, backend: CompiledBackend) -> _Prepared:
+        """Origin, heads and clocks of a backend, built once per compiled backend, not once per request."""
         known = self._prepared_for.get(backend.name)
-        if known is not None and known[0] is backend:
-            return known[1]
-        headers = {"content-type": "application/json", "accept": "application/json, text/event-stream"}
-        if backend.api_key:
-            headers["authorization"] = f"Bearer {backend.api_key}"
-        timeouts = backend.timeouts
-        first_read_s = max(timeouts.first_byte_s, timeouts.idle_s)
-        prepared = (
-            headers,
-            aiohttp.ClientTimeout(total=None, sock_connect=timeouts.connect_s, sock_read=first_read_s),
-            aiohttp.ClientTimeout(total=None, sock_connect=timeouts.connect_s),
-        )
-        self._prepared_for[backend.name] = (backend, prepared)
+        if known is not None and known.backend is backend:
+            return known
+        prepared = self._prepared_for[backend.name] = _Prepared(backend)
         return prepared
 
 
-async def _failure_from_status(backend: CompiledBackend, response: aiohttp.ClientResponse) -> AttemptFailure:
+def _named(exc: WireError) -> str:
+    """What went wrong before the head, in a word: ``ServerDisconnected`` or ``MalformedResponse``."""
+    return {"disconnected": "ServerDisconnected", "malformed": "MalformedResponse"}.get(exc.kind, exc.kind)
+
+
+async def _failure_from_status(backend: CompiledBackend, response: WireResponse) -> AttemptFailure:
     status = response.status
     try:
-        raw = await asyncio.wait_for(response.read(), timeout=5.0)
-    except (TimeoutError, aiohttp.ClientError, OSError):
+        async with asyncio.timeout(STATUS_BODY_WAIT_S):
+            raw = await response.read()
+    except (TimeoutError, WireError):
         raw = b""
     finally:
-        response.release()
+        response.close()
     message, code, param = _error_fields(raw)
     if status in CLIENT_FAULT_STATUSES:
         fault = UpstreamClientError(
@@ -166,7 +190,7 @@ async def _failure_from_status(backend: CompiledBackend, response: aiohttp.Clien
         "upstream_error",
         f"{backend.name}: HTTP {status}",
         http_status=status,
-        retry_after=response.headers.get("retry-after"),
+        retry_after=response.header(b"retry-after"),
     )
 
 

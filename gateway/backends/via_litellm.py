@@ -16,7 +16,7 @@ from typing import Any
 
 import orjson
 
-from gateway.backends.base import Fetched, UpstreamCall
+from gateway.backends.base import Fetched, Take, UpstreamCall
 from gateway.errors import AttemptFailure, UpstreamClientError
 from gateway.policy.compiled import CompiledBackend
 
@@ -63,6 +63,13 @@ class LitellmUpstream:
             except Exception as exc:
                 raise failure_of(self._backend, exc, mid_stream=True) from None
             yield b"data: " + chunk.model_dump_json(exclude_none=True).encode() + b"\n\n"
+
+    async def push(self, take: Take) -> bool:
+        # litellm's iterator wakes a task per chunk anyway: pulled here, for the same interface.
+        async for data in self.chunks():
+            if not take(data):
+                return False
+        return True
 
     async def read(self, timeout_s: float) -> bytes:
         return self._whole

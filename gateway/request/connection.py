@@ -1,5 +1,6 @@
-"""The client's connection before a request exists: uvicorn's httptools protocol with the two limits it
-lacks, a deadline for the request line and headers, and a cap on their size.
+"""The client's connection: uvicorn's httptools protocol with the two limits it lacks, a deadline for the
+request line and headers and a cap on their size, and a way for a stream's relay to write its body to
+the client straight from the upstream's network callback (``DirectBody``).
 
 uvicorn has a keep-alive timeout (idle between requests) but nothing that bounds how long the headers of
 a request may take to arrive, nor how large they may grow: a slow-loris client that sends a header
@@ -10,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
+from collections.abc import MutableMapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -27,6 +29,43 @@ class ConnectionLimits:
     @classmethod
     def of(cls, server: Server) -> ConnectionLimits:
         return cls(server.header_timeout_s, server.max_header_bytes)
+
+
+DIRECT_BODY = "gateway.direct_body"  # the scope extension that carries a request's DirectBody
+
+
+class DirectBody:
+    """Writes a chunked response body straight to the client's transport, past the ASGI ``send``: one
+    ``write`` per piece, no message dict, no coroutine. Only while uvicorn's own ``send`` would write at
+    once (response started and chunked, not complete, the client there and its buffer not full); else
+    ``write`` says False and the caller goes through ``send``, which waits for the client to drain."""
+
+    __slots__ = ("_protocol", "_scope")
+
+    def __init__(self, protocol: HttpToolsProtocol, scope: MutableMapping[str, Any]) -> None:
+        self._protocol = protocol
+        self._scope = scope
+
+    def write(self, body: bytes) -> bool:
+        cycle = self._protocol.cycle
+        if (
+            cycle is None
+            or cycle.scope is not self._scope  # a later pipelined request's: not ours to write
+            or not cycle.response_started
+            or cycle.response_complete
+            or cycle.disconnected
+            or cycle.flow.write_paused
+            or not cycle.chunked_encoding
+        ):
+            return False
+        cycle.transport.write(b"%x\r\n%b\r\n" % (len(body), body))
+        return True
+
+
+def direct_body(scope: MutableMapping[str, Any]) -> DirectBody | None:
+    """The request's DirectBody, where the server offers one (ours does; an in-process ASGI client not)."""
+    extensions = scope.get("extensions")
+    return None if extensions is None else extensions.get(DIRECT_BODY)
 
 
 class HeadersTooLarge(Exception):
@@ -72,6 +111,8 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
 
     def on_headers_complete(self) -> None:
         self._disarm_header_deadline()
+        scope: Any = self.scope
+        scope.setdefault("extensions", {})[DIRECT_BODY] = DirectBody(self, scope)
         super().on_headers_complete()
 
     def send_400_response(self, msg: str) -> None:

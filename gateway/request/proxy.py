@@ -197,8 +197,7 @@ async def open_stream(exchange: Exchange, attempt: Attempt, call: UpstreamCall) 
         prompt_tokens=client.prompt_tokens,
         transcript=transcript_for(exchange),
     )
-    chunks = upstream.chunks()
-    first = await first_events(chunks, meter, call, exchange.runtime.clock)
+    first = await first_events(upstream, meter, call, exchange.runtime.clock)
     upstream.expect_chunks_within(call.backend.timeouts.idle_s)
     if (
         meter.final_usage
@@ -211,7 +210,7 @@ async def open_stream(exchange: Exchange, attempt: Attempt, call: UpstreamCall) 
     if translator is not None:
         first = translator.translate(first)
     return StreamRelay(
-        exchange, chunks, headers=headers, first=first, meter=meter, attempt=attempt, translator=translator
+        exchange, upstream, headers=headers, first=first, meter=meter, attempt=attempt, translator=translator
     )
 
 

@@ -21,8 +21,7 @@ from gateway.errors import AttemptFailure
 from gateway.request.observation import Attempt, Usage
 
 if TYPE_CHECKING:
-    from collections.abc import AsyncIterator
-
+    from gateway.backends.base import Upstream
     from gateway.policy.compiled import CompiledBackend
     from gateway.request.exchange import Exchange
     from gateway.request.streaming import StreamMeter
@@ -74,7 +73,7 @@ def transcript_for(exchange: Exchange) -> Transcript | None:
 class Resumed:
     """The stream's continuation: where its bytes come from now, and its first events."""
 
-    chunks: AsyncIterator[bytes]
+    upstream: Upstream
     meter: StreamMeter
     attempt: Attempt
     first: bytes
@@ -122,8 +121,7 @@ async def resume_stream(exchange: Exchange, meter: StreamMeter, failure: Attempt
         )
         try:
             upstream = await exchange.open(call)
-            chunks = upstream.chunks()
-            first = await first_events(chunks, next_meter, call, runtime.clock)
+            first = await first_events(upstream, next_meter, call, runtime.clock)
         except AttemptFailure as exc:
             attempt.status = "timeout" if exc.kind == "timeout" else "upstream_error"
             attempt.error, attempt.http_status = exc.message, exc.http_status
@@ -134,7 +132,7 @@ async def resume_stream(exchange: Exchange, meter: StreamMeter, failure: Attempt
             {"from": cut.backend, "to": name, "mode": attempt.resumed, "after_chunks": len(transcript.answer)}
         )
         rewrite = ContinuedEvents(exchange, transcript, next_meter, client.wants_usage)
-        return Resumed(chunks, next_meter, attempt, rewrite(first), rewrite)
+        return Resumed(upstream, next_meter, attempt, rewrite(first), rewrite)
     return None
 
 

@@ -9,13 +9,15 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator, Awaitable, Callable, MutableMapping
+from collections.abc import Awaitable, Callable, MutableMapping
 from typing import TYPE_CHECKING, Any
 
 import orjson
 
 from gateway.backends import UpstreamCall
+from gateway.backends.base import Upstream
 from gateway.errors import AttemptFailure, error_bytes, scrubbed_error
+from gateway.request.connection import DirectBody, direct_body
 from gateway.request.dialect import REASONING_FIELDS, counted_usage, insert_usage_cost, usage_from
 from gateway.request.drain import SHUTDOWN_CODE, SHUTDOWN_MESSAGE
 from gateway.request.observation import Attempt, Usage
@@ -224,22 +226,25 @@ def _data_of(event: bytes) -> bytes | None:
     return None
 
 
-async def first_events(
-    chunks: AsyncIterator[bytes], meter: StreamMeter, call: UpstreamCall, clock: Clock
-) -> bytes:
+async def first_events(upstream: Upstream, meter: StreamMeter, call: UpstreamCall, clock: Clock) -> bytes:
     """Read a new stream until its first complete event: until then a failure can still go elsewhere."""
     first = b""
+
+    def take(data: bytes) -> bool:
+        nonlocal first
+        first = meter.feed(data, clock())
+        return not first and not meter.corrupt
+
     try:
         async with asyncio.timeout(call.wait_s):
             while not first:
-                data = await anext(chunks, None)
-                if data is None:
+                ended = await upstream.push(take)
+                if meter.corrupt:
+                    raise AttemptFailure("dropped", f"{call.backend.name}: {CORRUPT}")
+                if ended and not first:
                     raise AttemptFailure(
                         "dropped", f"{call.backend.name}: stream ended before its first event"
                     )
-                first = meter.feed(data, clock())
-                if meter.corrupt:
-                    raise AttemptFailure("dropped", f"{call.backend.name}: {CORRUPT}")
     except TimeoutError:
         raise AttemptFailure("timeout", f"{call.backend.name}: no first token in {call.wait_s:g}s") from None
     return first
@@ -251,23 +256,31 @@ def error_event(message: str, code: str) -> bytes:
 
 class StreamRelay:
     """An ASGI response that relays an open upstream stream; its end settles the exchange. A stream
-    that breaks off may go on from another backend (``gateway.request.resume``) when its route allows."""
+    that breaks off may go on from another backend (``gateway.request.resume``) when its route allows.
+
+    The body goes from the upstream's network callback to the client's socket (``_take``, through
+    ``DirectBody``): the relay's task waits once per stream, not once per token, and is woken only for
+    what must wait (a client that is not reading, the end, a failure)."""
 
     __slots__ = (
         "_attempt",
-        "_chunks",
+        "_clock",
+        "_direct",
         "_exchange",
+        "_failed",
         "_first",
         "_headers",
         "_meter",
+        "_pending",
         "_rewrite",
         "_translator",
+        "_upstream",
     )
 
     def __init__(
         self,
         exchange: Exchange,
-        chunks: AsyncIterator[bytes],
+        upstream: Upstream,
         *,
         headers: list[tuple[bytes, bytes]],
         first: bytes,
@@ -276,16 +289,21 @@ class StreamRelay:
         translator: StreamTranslator | None = None,
     ) -> None:
         self._exchange = exchange
-        self._chunks = chunks
+        self._upstream = upstream
         self._headers = headers
         self._first = first
         self._meter = meter
         self._attempt = attempt
         self._translator = translator  # the client's door speaks another dialect
         self._rewrite: Callable[[bytes], bytes] | None = None  # a continuation's events, made seamless
+        self._clock = exchange.runtime.clock
+        self._direct: DirectBody | None = None
+        self._pending: list[bytes] = []  # events for the client that must go through ``send``
+        self._failed: Exception | None = None  # raised in ``_take``, re-raised in the task
 
     async def __call__(self, scope: Any, receive: Receive, send: Send) -> None:
         exchange = self._exchange
+        self._direct = direct_body(scope)
         try:
             await send({"type": "http.response.start", "status": 200, "headers": self._headers})
             await send({"type": "http.response.body", "body": self._first, "more_body": True})
@@ -328,9 +346,11 @@ class StreamRelay:
                 )
                 await send({"type": "http.response.body", "body": event, "more_body": True})
                 break
-            self._chunks, self._meter, self._attempt = resumed.chunks, resumed.meter, resumed.attempt
+            self._upstream, self._meter, self._attempt = resumed.upstream, resumed.meter, resumed.attempt
             self._rewrite = resumed.rewrite
-            await self._send_events(send, resumed.first, rewritten=True)
+            first = self._outgoing(resumed.first, rewritten=True)
+            if first:
+                await send({"type": "http.response.body", "body": first, "more_body": True})
         # The client has everything once [DONE] is out (SDKs hang up then): settle and end the response
         # before waiting for the upstream to close, so that hang-up is not taken for a cancellation.
         meter = self._meter
@@ -343,39 +363,65 @@ class StreamRelay:
 
     async def _pump(self, send: Send) -> AttemptFailure | None:
         """Relay the current upstream to its [DONE]; the failure that ended it early, if one did."""
-        meter, clock = self._meter, self._exchange.runtime.clock
+        meter = self._meter
         try:
-            if not meter.saw_done():  # a short stream may have ended within its very first read
-                async for data in self._chunks:
-                    out = meter.feed(data, clock())
-                    if meter.final_usage:  # once per stream: the usage the client asked for, priced
-                        meter.final_usage = False
-                        usage = meter.usage_so_far()
-                        cost, basis = self._exchange.runtime.cost_so_far(self._exchange, self._attempt, usage)
-                        out = insert_usage_cost(out, cost, basis)
-                    if out:
-                        await self._send_events(send, out)
-                    if meter.corrupt:
-                        raise AttemptFailure("dropped", f"{self._attempt.backend}: {CORRUPT}")
-                    if meter.saw_done():
-                        break
+            while not meter.saw_done():  # a short stream may have ended within its very first read
+                ended = await self._upstream.push(self._take)
+                failed, self._failed = self._failed, None
+                if failed is not None:
+                    raise failed
+                if self._pending:  # what the client's connection could not take at once
+                    body = b"".join(self._pending)
+                    self._pending.clear()
+                    await send({"type": "http.response.body", "body": body, "more_body": True})
+                if meter.corrupt:
+                    raise AttemptFailure("dropped", f"{self._attempt.backend}: {CORRUPT}")
+                if ended:
+                    break
             if not meter.saw_done():
                 raise AttemptFailure("dropped", "upstream closed the stream before it finished")
         except AttemptFailure as failure:
             return failure
         return None
 
-    async def _send_events(self, send: Send, out: bytes, *, rewritten: bool = False) -> None:
+    def _take(self, data: bytes) -> bool:
+        """One piece of the upstream's body, in its network callback: measured, then written to the
+        client at once where its connection takes it. False hands over to the task: events that must
+        go through ``send``, the end of the stream, a broken event, an error (never raised in here)."""
+        meter = self._meter
+        try:
+            out = meter.feed(data, self._clock())
+            if meter.final_usage:  # once per stream: the usage the client asked for, priced
+                meter.final_usage = False
+                usage = meter.usage_so_far()
+                cost, basis = self._exchange.runtime.cost_so_far(self._exchange, self._attempt, usage)
+                out = insert_usage_cost(out, cost, basis)
+            if out:
+                out = self._outgoing(out)
+            if out:
+                direct = self._direct
+                if self._pending or direct is None or not direct.write(out):
+                    self._pending.append(out)
+                    return False
+        except Exception as exc:  # a bug of ours must not surface in the upstream's protocol
+            self._failed = exc
+            return False
+        return not (meter.corrupt or meter.done)
+
+    def _outgoing(self, out: bytes, *, rewritten: bool = False) -> bytes:
         if self._rewrite is not None and not rewritten:
             out = self._rewrite(out)
         if self._translator is not None:
             out = self._translator.translate(out)
-        if out:
-            await send({"type": "http.response.body", "body": out, "more_body": True})
+        return out
 
     async def _drain(self) -> None:
         """Read the upstream to its end (usually just the chunked terminator) so its connection is reused."""
         with contextlib.suppress(AttemptFailure, TimeoutError):
             async with asyncio.timeout(DRAIN_TIMEOUT_S):
-                async for _ in self._chunks:
+                while not await self._upstream.push(_discard):
                     pass
+
+
+def _discard(_data: bytes) -> bool:
+    return True

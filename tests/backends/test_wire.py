@@ -1,0 +1,281 @@
+"""The HTTP/1.1 client under the upstream calls (``gateway.backends.wire``), against raw loopback servers
+that answer with exactly the bytes each case needs: keep-alive reuse, a kept connection the server
+closed, bodies framed by length, chunks and the close, gzip, a body cut in the middle, silence, a
+malformed answer, pushing into a callback that stops and resumes, and a cut that the server sees."""
+
+from __future__ import annotations
+
+import asyncio
+import gzip
+from collections.abc import AsyncIterator, Awaitable, Callable
+
+import pytest
+
+from gateway.backends.wire import Origin, WireError, WirePool
+
+Handler = Callable[[asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]]
+
+
+class RawServer:
+    """Counts connections; each one is served by ``handler`` until it returns."""
+
+    def __init__(self, handler: Handler) -> None:
+        self.handler = handler
+        self.connections = 0
+        self.closed = asyncio.Event()  # a connection was closed by the client
+        self.port = 0
+        self._server: asyncio.Server | None = None
+
+    async def __aenter__(self) -> RawServer:
+        self._server = await asyncio.start_server(self._serve, "127.0.0.1", 0)
+        self.port = self._server.sockets[0].getsockname()[1]
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        assert self._server is not None
+        self._server.close()
+
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self.connections += 1
+        try:
+            await self.handler(reader, writer)
+        except (ConnectionError, asyncio.IncompleteReadError):
+            pass
+        finally:
+            writer.close()
+
+    def origin(self) -> Origin:
+        return Origin.of(f"http://127.0.0.1:{self.port}/v1")
+
+
+async def read_request(reader: asyncio.StreamReader) -> bytes:
+    """One request's body (the client always sends a content-length)."""
+    head = await reader.readuntil(b"\r\n\r\n")
+    length = 0
+    for line in head.split(b"\r\n"):
+        if line.lower().startswith(b"content-length:"):
+            length = int(line.split(b":", 1)[1])
+    return await reader.readexactly(length)
+
+
+def answer(body: bytes, *extra: bytes) -> bytes:
+    head = b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: %d\r\n" % len(body)
+    return head + b"".join(h + b"\r\n" for h in extra) + b"\r\n" + body
+
+
+def chunk(data: bytes) -> bytes:
+    return b"%x\r\n%s\r\n" % (len(data), data)
+
+
+STREAM_HEAD = b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n"
+
+
+@pytest.fixture
+async def pool() -> AsyncIterator[WirePool]:
+    wire = WirePool()
+    yield wire
+    wire.close()
+
+
+def head_for(origin: Origin) -> bytes:
+    return origin.head("/chat/completions", {"content-type": "application/json"})
+
+
+async def test_keep_alive_reuses_one_connection(pool: WirePool) -> None:
+    async def echo(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        while True:
+            body = await read_request(reader)
+            writer.write(answer(b'{"echo": ' + body + b"}"))
+            await writer.drain()
+
+    async with RawServer(echo) as server:
+        origin = server.origin()
+        for n in range(3):
+            response = await pool.post(origin, head_for(origin), b"%d" % n, 5.0)
+            assert response.status == 200 and response.content_type == "application/json"
+            assert await response.read() == b'{"echo": %d}' % n
+            response.close()
+        assert server.connections == 1
+
+
+async def test_a_kept_connection_the_server_closed_is_replaced(pool: WirePool) -> None:
+    async def one_answer_then_close(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await read_request(reader)
+        writer.write(answer(b"{}"))  # keep-alive by HTTP/1.1's default, then closed regardless
+        await writer.drain()
+
+    async with RawServer(one_answer_then_close) as server:
+        origin = server.origin()
+        first = await pool.post(origin, head_for(origin), b"{}", 5.0)
+        assert await first.read() == b"{}"
+        first.close()
+        await asyncio.sleep(0.05)  # the server's close arrives while the connection is idle
+        second = await pool.post(origin, head_for(origin), b"{}", 5.0)
+        assert await second.read() == b"{}"
+        second.close()
+        assert server.connections == 2
+
+
+async def test_chunked_push_stops_and_resumes_then_reuses(pool: WirePool) -> None:
+    events = [b"data: %d\n\n" % i for i in range(6)]
+
+    async def stream(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        while True:
+            await read_request(reader)
+            writer.write(STREAM_HEAD)
+            for event in events:
+                writer.write(chunk(event))
+                await writer.drain()
+                await asyncio.sleep(0.01)  # each event its own packet, as a paced pool's tokens
+            writer.write(b"0\r\n\r\n")
+            await writer.drain()
+
+    async with RawServer(stream) as server:
+        origin = server.origin()
+        for _ in range(2):
+            response = await pool.post(origin, head_for(origin), b"{}", 5.0)
+            got: list[bytes] = []
+
+            def take(data: bytes, got: list[bytes] = got) -> bool:
+                got.append(data)
+                return len(got) % 2 == 1  # stop after every second piece
+
+            pushes = 0
+            while not await response.push(take):
+                pushes += 1
+            assert b"".join(got) == b"".join(events)
+            assert pushes >= 2  # it did stop, and went on where it stopped
+            response.close()
+        assert server.connections == 1
+
+
+async def test_a_body_delimited_by_the_close(pool: WirePool) -> None:
+    async def legacy(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await read_request(reader)
+        writer.write(b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\nconnection: close\r\n\r\n")
+        writer.write(b"data: a\n\ndata: [DONE]\n\n")
+        await writer.drain()
+
+    async with RawServer(legacy) as server:
+        origin = server.origin()
+        response = await pool.post(origin, head_for(origin), b"{}", 5.0)
+        assert await response.read() == b"data: a\n\ndata: [DONE]\n\n"
+        response.close()
+
+
+async def test_gzip_bodies_are_decoded(pool: WirePool) -> None:
+    payload = b'{"choices": []}' * 50
+
+    async def gzipped(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await read_request(reader)
+        writer.write(answer(gzip.compress(payload), b"content-encoding: gzip"))
+        await writer.drain()
+        await reader.read()
+
+    async with RawServer(gzipped) as server:
+        origin = server.origin()
+        response = await pool.post(origin, head_for(origin), b"{}", 5.0)
+        assert await response.read() == payload
+        response.close()
+
+
+async def test_a_body_cut_in_the_middle_fails_broken(pool: WirePool) -> None:
+    async def dies(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await read_request(reader)
+        writer.write(STREAM_HEAD + chunk(b"data: 1\n\n"))
+        await writer.drain()
+        await asyncio.sleep(0.05)
+        writer.transport.abort()  # the pool died mid-stream
+
+    async with RawServer(dies) as server:
+        origin = server.origin()
+        response = await pool.post(origin, head_for(origin), b"{}", 5.0)
+        got: list[bytes] = []
+        with pytest.raises(WireError) as failed:
+            while not await response.push(lambda data: got.append(data) is None):
+                pass
+        assert failed.value.kind == "broken" and got == [b"data: 1\n\n"]
+        response.close()
+
+
+async def test_silence_past_the_read_clock_fails_silent(pool: WirePool) -> None:
+    async def stalls(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await read_request(reader)
+        writer.write(STREAM_HEAD + chunk(b"data: 1\n\n"))
+        await writer.drain()
+        await asyncio.sleep(0.12)
+        writer.write(chunk(b"data: 2\n\n"))  # within the clock: it is re-armed, not fired
+        await writer.drain()
+        await reader.read()  # then nothing, until the client leaves
+
+    async with RawServer(stalls) as server:
+        origin = server.origin()
+        response = await pool.post(origin, head_for(origin), b"{}", 5.0)
+        response.read_within(0.2)
+        assert await response.readany() == b"data: 1\n\n"
+        assert await response.readany() == b"data: 2\n\n"
+        with pytest.raises(WireError) as failed:
+            await response.readany()
+        assert failed.value.kind == "silent"
+        response.close()
+
+
+async def test_closing_an_unfinished_answer_cuts_the_connection(pool: WirePool) -> None:
+    seen_close = asyncio.Event()
+
+    async def endless(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await read_request(reader)
+        writer.write(STREAM_HEAD + chunk(b"data: 1\n\n"))
+        await writer.drain()
+        await reader.read()  # returns when the client closes: the slot would be freed here
+        seen_close.set()
+
+    async with RawServer(endless) as server:
+        origin = server.origin()
+        response = await pool.post(origin, head_for(origin), b"{}", 5.0)
+        assert await response.readany() == b"data: 1\n\n"
+        response.close()
+        await asyncio.wait_for(seen_close.wait(), 5.0)
+
+
+async def test_errors_before_the_head(pool: WirePool) -> None:
+    async def garbage(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await read_request(reader)
+        writer.write(b"SMTP ready\r\n\r\n")
+        await writer.drain()
+        await reader.read()
+
+    async def hangs_up(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await read_request(reader)
+
+    async with RawServer(garbage) as server:
+        origin = server.origin()
+        with pytest.raises(WireError) as failed:
+            await pool.post(origin, head_for(origin), b"{}", 5.0)
+        assert failed.value.kind == "malformed"
+    async with RawServer(hangs_up) as server:
+        origin = server.origin()
+        with pytest.raises(WireError) as failed:
+            await pool.post(origin, head_for(origin), b"{}", 5.0)
+        assert failed.value.kind == "disconnected"
+    with pytest.raises(WireError) as failed:
+        await pool.post(origin, head_for(origin), b"{}", 5.0)  # nobody listens there now
+    assert failed.value.kind == "connect"
+
+
+def test_origins_and_heads() -> None:
+    origin = Origin.of("https://api.example.com/v1/")
+    assert (origin.scheme, origin.host, origin.port, origin.base_path) == (
+        "https",
+        "api.example.com",
+        443,
+        "/v1",
+    )
+    head = origin.head("/chat/completions", {"authorization": "Bearer k"})
+    assert head == (
+        b"POST /v1/chat/completions HTTP/1.1\r\nhost: api.example.com\r\n"
+        b"authorization: Bearer k\r\ncontent-length: "
+    )
+    assert Origin.of("http://[::1]:8000").host_header == "[::1]:8000"
+    with pytest.raises(ValueError):
+        Origin.of("ftp://example.com")
