@@ -276,9 +276,6 @@ class _Connection(asyncio.Protocol):
         except httptools.HttpParserError as exc:
             self._lost(WireError("malformed", f"unreadable HTTP from the upstream ({exc})"))
 
-    def eof_received(self) -> bool | None:
-        return None  # close our side too
-
     def connection_lost(self, exc: Exception | None) -> None:
         self.transport = None
         self.keep_alive = False

@@ -70,6 +70,13 @@ def chunk(data: bytes) -> bytes:
 STREAM_HEAD = b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n"
 
 
+async def begin_stream(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    """Read the request; answer with a stream's head and its first event."""
+    await read_request(reader)
+    writer.write(STREAM_HEAD + chunk(b"data: 1\n\n"))
+    await writer.drain()
+
+
 @pytest.fixture
 async def pool() -> AsyncIterator[WirePool]:
     wire = WirePool()
@@ -181,9 +188,7 @@ async def test_gzip_bodies_are_decoded(pool: WirePool) -> None:
 
 async def test_a_body_cut_in_the_middle_fails_broken(pool: WirePool) -> None:
     async def dies(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        await read_request(reader)
-        writer.write(STREAM_HEAD + chunk(b"data: 1\n\n"))
-        await writer.drain()
+        await begin_stream(reader, writer)
         await asyncio.sleep(0.05)
         writer.transport.abort()  # the pool died mid-stream
 
@@ -200,18 +205,16 @@ async def test_a_body_cut_in_the_middle_fails_broken(pool: WirePool) -> None:
 
 async def test_silence_past_the_read_clock_fails_silent(pool: WirePool) -> None:
     async def stalls(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        await read_request(reader)
-        writer.write(STREAM_HEAD + chunk(b"data: 1\n\n"))
-        await writer.drain()
-        await asyncio.sleep(0.12)
-        writer.write(chunk(b"data: 2\n\n"))  # within the clock: it is re-armed, not fired
+        await begin_stream(reader, writer)
+        await asyncio.sleep(0.1)
+        writer.write(chunk(b"data: 2\n\n"))  # well within the clock: it is re-armed, not fired
         await writer.drain()
         await reader.read()  # then nothing, until the client leaves
 
     async with RawServer(stalls) as server:
         origin = server.origin()
         response = await pool.post(origin, head_for(origin), b"{}", 5.0)
-        response.read_within(0.2)
+        response.read_within(0.5)
         assert await response.readany() == b"data: 1\n\n"
         assert await response.readany() == b"data: 2\n\n"
         with pytest.raises(WireError) as failed:
@@ -224,9 +227,7 @@ async def test_closing_an_unfinished_answer_cuts_the_connection(pool: WirePool) 
     seen_close = asyncio.Event()
 
     async def endless(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        await read_request(reader)
-        writer.write(STREAM_HEAD + chunk(b"data: 1\n\n"))
-        await writer.drain()
+        await begin_stream(reader, writer)
         await reader.read()  # returns when the client closes: the slot would be freed here
         seen_close.set()
 
