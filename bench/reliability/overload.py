@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 import json
 import time
 from collections import Counter
@@ -59,6 +60,9 @@ class Outcomes:
     latencies_s: list[float] = field(default_factory=list)
     shed_latencies_s: list[float] = field(default_factory=list)  # how fast a 503 shed comes back
     broken: list[str] = field(default_factory=list)  # answered, but not as a client may be answered
+    # The longest the measuring client's own loop was late: a stall here (the machine busy elsewhere)
+    # lengthens every latency it times without the gateway having been slower.
+    client_stall_s: float = 0.0
 
     @property
     def requests(self) -> int:
@@ -167,16 +171,31 @@ async def open_loop(url: str, rate: float, seconds: float, health: Counter[int] 
                     health[0] += 1
                 await asyncio.sleep(0.1)
 
+        async def watch_own_loop(tick_s: float = 0.01) -> None:
+            while not done.is_set():
+                before = time.perf_counter()
+                await asyncio.sleep(tick_s)
+                outcomes.client_stall_s = max(outcomes.client_stall_s, time.perf_counter() - before - tick_s)
+
         watcher = asyncio.create_task(watch_health()) if health is not None else None
+        stalls = asyncio.create_task(watch_own_loop())
         tasks = []
-        start = time.perf_counter()
-        for n in range(int(rate * seconds)):
-            delay = start + n / rate - time.perf_counter()
-            if delay > 0:
-                await asyncio.sleep(delay)
-            tasks.append(asyncio.create_task(one_request(session, url, n, outcomes)))
-        await asyncio.gather(*tasks)
+        # In a long-lived process (the test run) a full collection of everything it holds can stop
+        # this loop for longer than the answers it is timing take; nothing here needs it for seconds.
+        gc.collect()
+        gc.disable()
+        try:
+            start = time.perf_counter()
+            for n in range(int(rate * seconds)):
+                delay = start + n / rate - time.perf_counter()
+                if delay > 0:
+                    await asyncio.sleep(delay)
+                tasks.append(asyncio.create_task(one_request(session, url, n, outcomes)))
+            await asyncio.gather(*tasks)
+        finally:
+            gc.enable()
         done.set()
+        await stalls
         if watcher is not None:
             await watcher
     return outcomes
@@ -256,6 +275,7 @@ def overload_row(settings: Settings, plan: Plan, gateway: Proc, url: str) -> Row
             "requests": base.requests,
             "statuses": dict(base.statuses),
             "p99_admitted_s": p99_1x,
+            "client_stall_s": round(base.client_stall_s, 3),
             "gateway_cpu_ms_per_request": round(1000 * cpu_1x / max(1, base.requests), 3),
         },
         "10x": {
@@ -263,6 +283,7 @@ def overload_row(settings: Settings, plan: Plan, gateway: Proc, url: str) -> Row
             "statuses": dict(heavy.statuses),
             "shed_by_code": dict(heavy.codes),
             "p99_admitted_s": p99_10x,
+            "client_stall_s": round(heavy.client_stall_s, 3),
             "p50_shed_503_s": heavy.p99_s(shed=True, q=0.5),
             "p99_shed_503_s": heavy.p99_s(shed=True),
             # What the whole 10x costs the gateway per request, sheds included: shedding is cheap
@@ -283,8 +304,15 @@ def overload_row(settings: Settings, plan: Plan, gateway: Proc, url: str) -> Row
         row.problems.append("10x shed nothing at the gate (no 503 gateway_overloaded)")
     if not health or set(health) != {200}:
         row.problems.append(f"/health during 10x: {dict(health)}")
-    if p99_1x is not None and p99_10x is not None and p99_10x > 2 * p99_1x + MAX_WAIT_S:
-        row.problems.append(f"p99 of admitted at 10x {p99_10x:.3f}s vs {p99_1x:.3f}s at 1x")
+    # An admitted request may wait its route's max_wait_s, then is served as at 1x; what the measuring
+    # client lost to its own stalls is not the gateway's.
+    if p99_1x is not None and p99_10x is not None:
+        allowed_s = 2 * p99_1x + MAX_WAIT_S + heavy.client_stall_s
+        if p99_10x > allowed_s:
+            row.problems.append(
+                f"p99 of admitted at 10x {p99_10x:.3f}s vs {p99_1x:.3f}s at 1x (allowed {allowed_s:.3f}s,"
+                f" client stalled {heavy.client_stall_s:.3f}s)"
+            )
     if in_flight["now"] != 0:
         row.leaks.append(f"in_flight {in_flight['now']}")
     if in_flight["peak"] > IN_FLIGHT:
