@@ -355,8 +355,12 @@ class _Connection(asyncio.Protocol):
         if seconds is None or self.response is None or self.response.ended:
             return
         deadline = self._last_read + seconds
-        if self.loop.time() < deadline:
-            self._read_timer = self.loop.call_at(deadline, self._check_read_clock)
+        if self.paused or self.loop.time() < deadline:
+            # Paused, the silence is ours (the reader is behind, e.g. a client not reading): the clock
+            # starts again when reading resumes.
+            self._read_timer = self.loop.call_at(
+                max(deadline, self.loop.time() + seconds), self._check_read_clock
+            )
             return
         self._lost(WireError("silent", f"no data for {seconds:g}s"))
 
@@ -385,6 +389,7 @@ class _Connection(asyncio.Protocol):
     def resume(self) -> None:
         if self.paused and self.transport is not None:
             self.paused = False
+            self._last_read = self.loop.time()
             self.transport.resume_reading()
 
     def finished(self, response: WireResponse, *, reuse: bool) -> None:

@@ -11,7 +11,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 
 import pytest
 
-from gateway.backends.wire import Origin, WireError, WirePool
+from gateway.backends.wire import PAUSE_AT_BYTES, Origin, WireError, WirePool
 
 Handler = Callable[[asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]]
 
@@ -220,6 +220,32 @@ async def test_silence_past_the_read_clock_fails_silent(pool: WirePool) -> None:
         with pytest.raises(WireError) as failed:
             await response.readany()
         assert failed.value.kind == "silent"
+        response.close()
+
+
+async def test_a_reader_that_falls_behind_is_not_taken_for_silence(pool: WirePool) -> None:
+    """Past PAUSE_AT_BYTES unread the socket is paused: the upstream cannot be heard then, so the
+    read clock must not fail it; it counts again from when reading resumes."""
+    piece = b"data: " + b"x" * 65536 + b"\n\n"
+    pieces = 2 * PAUSE_AT_BYTES // len(piece) + 1
+
+    async def floods_then_ends(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await read_request(reader)
+        writer.write(STREAM_HEAD + b"".join(chunk(piece) for _ in range(pieces)))
+        await writer.drain()
+        await asyncio.sleep(0.2)
+        writer.write(b"0\r\n\r\n")
+        await writer.drain()
+        await reader.read()
+
+    async with RawServer(floods_then_ends) as server:
+        origin = server.origin()
+        response = await pool.post(origin, head_for(origin), b"{}", 5.0)
+        response.read_within(0.3)
+        await asyncio.sleep(1.2)  # a reader far behind: four read clocks without reading
+        assert response._conn is not None and response._conn.paused
+        body = await response.read()
+        assert body == piece * pieces
         response.close()
 
 
