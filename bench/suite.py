@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -206,7 +206,8 @@ async def paced(
     """Double the concurrent paced streams until a step does not hold (halving below the first step if
     that one fails), then bisect between the last step that held and the first that did not.
 
-    ``limit``: the highest step going direct held at; beyond it the harness, not the proxy, is the limit.
+    ``limit``: the highest step going direct held at; beyond it the harness, not the proxy, is the limit,
+    so it is the last step tried.
     """
     steps: dict[int, dict[str, Any]] = {}
 
@@ -224,32 +225,50 @@ async def paced(
         )
         return bool(step["passed"])
 
-    held: int | None = None
-    failed: int | None = None
-    for c in [c for c in s.paced_steps if limit is None or c <= limit]:
-        if not await probe(c):
-            failed = c
-            break
-        held = c
-    while held is None and failed is not None and failed > 1:
-        if await probe(failed // 2):
-            held = failed // 2
-        else:
-            failed //= 2
-    for _ in range(s.paced_refine):
-        if held is None or failed is None or failed - held <= 1:
-            break
-        middle = (held + failed) // 2
-        if await probe(middle):
-            held = middle
-        else:
-            failed = middle
+    held, failed = await capacity_search(probe, steps_within(s.paced_steps, limit), s.paced_refine)
     return {
         "steps": [steps[c] for c in sorted(steps)],
         "capacity": held,
         "bound": "harness" if way.name == "direct" or failed is None else "proxy",
         "baseline": baseline,
     }
+
+
+def steps_within(steps: tuple[int, ...], limit: int | None) -> list[int]:
+    """The steps up to ``limit``, and ``limit`` itself: a proxy that holds every step below the harness's
+    own limit is measured at that limit too (else 448 going direct capped a proxy at the step of 256)."""
+    reach = [c for c in steps if limit is None or c <= limit]
+    if limit is not None and (not reach or reach[-1] < limit):
+        reach.append(limit)
+    return reach
+
+
+async def capacity_search(
+    holds_at: Callable[[int], Awaitable[bool]], steps: list[int], refine: int
+) -> tuple[int | None, int | None]:
+    """The highest concurrency that held and the lowest that did not (None: none such): ``steps`` in
+    order until one fails (halving below the first if that one does), then ``refine`` bisections."""
+    held: int | None = None
+    failed: int | None = None
+    for c in steps:
+        if not await holds_at(c):
+            failed = c
+            break
+        held = c
+    while held is None and failed is not None and failed > 1:
+        if await holds_at(failed // 2):
+            held = failed // 2
+        else:
+            failed //= 2
+    for _ in range(refine):
+        if held is None or failed is None or failed - held <= 1:
+            break
+        middle = (held + failed) // 2
+        if await holds_at(middle):
+            held = middle
+        else:
+            failed = middle
+    return held, failed
 
 
 async def measure(
