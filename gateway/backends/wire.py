@@ -248,6 +248,10 @@ class _Connection(asyncio.Protocol):
         self.idle_since = 0.0
         self.paused = False
         self._parser = httptools.HttpResponseParser(self)
+        # The body pieces (HTTP chunks) of one read, handed on together when the read is parsed: a
+        # stream whose events are one chunk each then costs its reader one call, and its client one
+        # write, per read rather than per event.
+        self._pieces: list[bytes] = []
         self._read_clock_s: float | None = None
         self._last_read = 0.0
         self._read_timer: asyncio.TimerHandle | None = None
@@ -265,16 +269,22 @@ class _Connection(asyncio.Protocol):
         self.got_bytes = True
         if self._read_clock_s is not None:
             self._last_read = self.loop.time()
+        failure: WireError | None = None
         try:
             self._parser.feed_data(data)
         except httptools.HttpParserUpgrade:
-            self._lost(WireError("malformed", "the upstream switched protocols"))
-        except (
-            httptools.HttpParserCallbackError
-        ) as exc:  # a reader's callback failed: not the upstream's fault
-            self._lost(WireError("broken", f"the reader failed ({exc.__context__!r})"))
+            failure = WireError("malformed", "the upstream switched protocols")
+        except httptools.HttpParserCallbackError as exc:  # a reader's callback failed: not the upstream's
+            self._pieces.clear()
+            failure = WireError("broken", f"the reader failed ({exc.__context__!r})")
         except httptools.HttpParserError as exc:
-            self._lost(WireError("malformed", f"unreadable HTTP from the upstream ({exc})"))
+            failure = WireError("malformed", f"unreadable HTTP from the upstream ({exc})")
+        try:
+            self._deliver_pieces()  # what was whole before any garbage still reaches the reader
+        except Exception as exc:
+            failure = failure or WireError("broken", f"the reader failed ({exc!r})")
+        if failure is not None:
+            self._lost(failure)
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.transport = None
@@ -321,13 +331,22 @@ class _Connection(asyncio.Protocol):
             waiter.set_result(None)
 
     def on_body(self, body: bytes) -> None:
-        if self.response is not None:
-            self.response._on_body(body)
+        self._pieces.append(body)
 
     def on_message_complete(self) -> None:
         self._stop_read_clock()
+        self._deliver_pieces()
         if self.response is not None:
             self.response._on_end()
+
+    def _deliver_pieces(self) -> None:
+        pieces = self._pieces
+        if not pieces:
+            return
+        data = pieces[0] if len(pieces) == 1 else b"".join(pieces)
+        pieces.clear()
+        if self.response is not None:
+            self.response._on_body(data)
 
     # For the pool and the response
 

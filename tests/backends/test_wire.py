@@ -156,6 +156,28 @@ async def test_chunked_push_stops_and_resumes_then_reuses(pool: WirePool) -> Non
         assert server.connections == 1
 
 
+async def test_chunks_that_arrive_together_reach_the_reader_together(pool: WirePool) -> None:
+    """A stream framed one event per HTTP chunk, arriving in one read, is handed on as one piece: the
+    relay then meters it and writes it to its client once, not once per event."""
+    events = [b"data: %d\n\n" % n for n in range(50)]
+
+    async def burst(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await read_request(reader)
+        writer.write(STREAM_HEAD + b"".join(chunk(e) for e in events) + b"0\r\n\r\n")
+        await writer.drain()
+        await reader.read()
+
+    async with RawServer(burst) as server:
+        origin = server.origin()
+        response = await pool.post(origin, head_for(origin), b"{}", 5.0)
+        pieces: list[bytes] = []
+        while not await response.push(lambda data: pieces.append(data) is None):
+            pass
+        assert b"".join(pieces) == b"".join(events)
+        assert len(pieces) < 5, f"{len(pieces)} pieces for 50 events sent in one write"
+        response.close()
+
+
 async def test_a_body_delimited_by_the_close(pool: WirePool) -> None:
     async def legacy(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         await read_request(reader)
