@@ -1,8 +1,8 @@
 """The client for OpenAI-compatible upstreams (vLLM, SGLang, llama.cpp server, paid APIs).
 
 Calls go over ``gateway.backends.wire`` (HTTP/1.1 on asyncio protocols: a stream's pieces reach the
-relay from the network callback, with no task wake-up per token); the plain GETs that signals and
-health read go over a pooled aiohttp session. Every failure leaves here as ``AttemptFailure``, every
+relay from the network callback, with no task wake-up per token), and so do the plain GETs that
+signals and health read (``fetch``). Every failure leaves here as ``AttemptFailure``, every
 answer as an ``OpenAICompatUpstream`` handle. Dialect differences that matter for measuring (usage
 shapes, reasoning fields) are read in ``gateway.request.dialect``.
 """
@@ -12,18 +12,21 @@ from __future__ import annotations
 import asyncio
 from collections.abc import AsyncIterator
 from typing import Any
+from urllib.parse import urljoin
 
-import aiohttp
 import orjson
 
 from gateway.backends.base import Fetched, Take, UpstreamCall
-from gateway.backends.wire import Origin, WireError, WirePool, WireResponse
+from gateway.backends.wire import Origin, WireError, WirePool, WireResponse, split_url
 from gateway.errors import AttemptFailure, UpstreamClientError
 from gateway.policy.compiled import CompiledBackend
 
 # Statuses that mean "this request is wrong", not "this backend is wrong": passed on, never retried.
 CLIENT_FAULT_STATUSES = frozenset({400, 413, 422})
 STATUS_BODY_WAIT_S = 5.0  # how long a refusal's body may take to arrive (its message is only a courtesy)
+REDIRECT_STATUSES = frozenset({301, 302, 303, 307, 308})
+MAX_REDIRECTS = 5  # a GET follows this many (vLLM's /metrics answers 307 to /metrics/ on some versions)
+GET_HEADERS = {"accept": "*/*", "accept-encoding": "gzip, deflate"}
 
 
 class OpenAICompatUpstream:
@@ -104,21 +107,12 @@ class _Prepared:
 
 
 class OpenAICompatClient:
-    def __init__(self, *, max_connections: int = 0) -> None:
+    def __init__(self) -> None:
         self._wire = WirePool()
-        # For the GETs only: limit=0 no pool-wide cap.
-        connector = aiohttp.TCPConnector(limit=max_connections, limit_per_host=0, ttl_dns_cache=300)
-        self._session = aiohttp.ClientSession(
-            connector=connector,
-            timeout=aiohttp.ClientTimeout(total=None),
-            auto_decompress=True,
-            skip_auto_headers=("User-Agent",),
-        )
         self._prepared_for: dict[str, _Prepared] = {}
 
     async def close(self) -> None:
         self._wire.close()
-        await self._session.close()
 
     async def open(self, call: UpstreamCall) -> OpenAICompatUpstream:
         """POST the call and return once its head arrived with status 200.
@@ -146,16 +140,30 @@ class OpenAICompatClient:
         return OpenAICompatUpstream(backend, response)
 
     async def fetch(self, url: str, headers: dict[str, str] | None, timeout_s: float) -> Fetched:
+        """GET ``url`` (following redirects) within ``timeout_s``: its status and text, or what failed."""
+        sent = GET_HEADERS if not headers else {**GET_HEADERS, **headers}
         try:
-            async with self._session.get(
-                url, headers=headers, timeout=aiohttp.ClientTimeout(total=timeout_s)
-            ) as response:
-                return Fetched(response.status, await response.text(errors="replace"))
-        except aiohttp.ClientConnectorError:
-            return Fetched(None, error="ConnectError: cannot connect")  # aiohttp's text names the address
-        except (TimeoutError, aiohttp.ClientError, OSError, UnicodeError) as exc:
-            # Timeouts often carry no message: the exception's name is the useful part.
-            return Fetched(None, error=f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__)
+            async with asyncio.timeout(timeout_s):
+                for _ in range(MAX_REDIRECTS + 1):
+                    origin, target = split_url(url)
+                    response = await self._wire.get(origin, origin.get_head(target, sent), None)
+                    try:
+                        body = await response.read()
+                    finally:
+                        response.close()
+                    location = response.header(b"location")
+                    if response.status not in REDIRECT_STATUSES or not location:
+                        return Fetched(response.status, body.decode(_charset(response), "replace"))
+                    url = urljoin(url, location)
+                return Fetched(None, error=f"TooManyRedirects: more than {MAX_REDIRECTS}")
+        except TimeoutError:
+            return Fetched(None, error=f"TimeoutError: no answer in {timeout_s:g}s")
+        except WireError as exc:
+            if exc.kind == "connect":
+                return Fetched(None, error="ConnectError: cannot connect")
+            return Fetched(None, error=f"{_named(exc)}: {exc}")
+        except ValueError as exc:  # not an http(s) URL (a redirect elsewhere, say)
+            return Fetched(None, error=f"InvalidURL: {exc}")
 
     def _prepared(self, backend: CompiledBackend) -> _Prepared:
         """Origin, heads and clocks of a backend, built once per compiled backend, not once per request."""
@@ -166,9 +174,27 @@ class OpenAICompatClient:
         return prepared
 
 
+def _charset(response: WireResponse) -> str:
+    for param in (response.header(b"content-type") or "").split(";")[1:]:
+        name, _, value = param.partition("=")
+        if name.strip().lower() == "charset" and value.strip():
+            charset = value.strip().strip('"')
+            try:
+                "".encode(charset)
+            except LookupError:
+                break
+            return charset
+    return "utf-8"
+
+
 def _named(exc: WireError) -> str:
     """What went wrong before the head, in a word: ``ServerDisconnected`` or ``MalformedResponse``."""
-    return {"disconnected": "ServerDisconnected", "malformed": "MalformedResponse"}.get(exc.kind, exc.kind)
+    names = {
+        "disconnected": "ServerDisconnected",
+        "malformed": "MalformedResponse",
+        "broken": "ConnectionLost",
+    }
+    return names.get(exc.kind, exc.kind)
 
 
 async def _failure_from_status(backend: CompiledBackend, response: WireResponse) -> AttemptFailure:

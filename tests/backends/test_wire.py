@@ -1,7 +1,8 @@
 """The HTTP/1.1 client under the upstream calls (``gateway.backends.wire``), against raw loopback servers
 that answer with exactly the bytes each case needs: keep-alive reuse, a kept connection the server
 closed, bodies framed by length, chunks and the close, gzip, a body cut in the middle, silence, a
-malformed answer, pushing into a callback that stops and resumes, and a cut that the server sees."""
+malformed answer, pushing into a callback that stops and resumes, a cut that the server sees, and the
+plain GETs (redirects, charsets, failures) that signals read."""
 
 from __future__ import annotations
 
@@ -11,6 +12,8 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 
 import pytest
 
+from gateway.backends.base import Fetched
+from gateway.backends.openai_compat import OpenAICompatClient
 from gateway.backends.wire import PAUSE_AT_BYTES, Origin, WireError, WirePool
 
 Handler = Callable[[asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]]
@@ -328,3 +331,66 @@ def test_origins_and_heads() -> None:
     assert Origin.of("http://[::1]:8000").host_header == "[::1]:8000"
     with pytest.raises(ValueError):
         Origin.of("ftp://example.com")
+
+
+# The GETs that signals and health read (``OpenAICompatClient.fetch``) go over the same pool.
+
+
+async def test_fetch_follows_a_redirect_and_reads_the_charset() -> None:
+    heads: list[bytes] = []
+
+    async def metrics(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        while True:
+            head = await reader.readuntil(b"\r\n\r\n")
+            heads.append(head)
+            if head.startswith(b"GET /metrics HTTP/1.1"):  # vLLM's mount: /metrics -> /metrics/
+                writer.write(
+                    b"HTTP/1.1 307 Temporary Redirect\r\nlocation: /metrics/\r\ncontent-length: 0\r\n\r\n"
+                )
+            else:
+                text = "vllm:num_requests_running 3 # é".encode("latin-1")
+                writer.write(
+                    b"HTTP/1.1 200 OK\r\ncontent-type: text/plain; charset=iso-8859-1\r\n"
+                    b"content-length: %d\r\n\r\n%s" % (len(text), text)
+                )
+            await writer.drain()
+
+    client = OpenAICompatClient()
+    try:
+        async with RawServer(metrics) as server:
+            url = f"http://127.0.0.1:{server.port}/metrics"
+            fetched = await client.fetch(url, {"authorization": "Bearer k"}, 5.0)
+            assert fetched == Fetched(200, "vllm:num_requests_running 3 # é")
+            assert [h.split(b"\r\n", 1)[0] for h in heads] == [
+                b"GET /metrics HTTP/1.1",
+                b"GET /metrics/ HTTP/1.1",
+            ]
+            assert b"authorization: Bearer k" in heads[1] and b"content-length" not in heads[1]
+            assert server.connections == 1  # both on one kept-alive connection
+    finally:
+        await client.close()
+
+
+async def test_fetch_says_what_failed() -> None:
+    async def loops(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        while True:
+            await reader.readuntil(b"\r\n\r\n")
+            writer.write(b"HTTP/1.1 302 Found\r\nlocation: /again\r\ncontent-length: 0\r\n\r\n")
+            await writer.drain()
+
+    async def hangs(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await reader.read()
+
+    client = OpenAICompatClient()
+    try:
+        async with RawServer(loops) as server:
+            fetched = await client.fetch(f"http://127.0.0.1:{server.port}/health", None, 5.0)
+            assert fetched.status is None and (fetched.error or "").startswith("TooManyRedirects")
+        async with RawServer(hangs) as server:
+            fetched = await client.fetch(f"http://127.0.0.1:{server.port}/health", None, 0.2)
+            assert fetched.status is None and (fetched.error or "").startswith("TimeoutError")
+            port = server.port
+        fetched = await client.fetch(f"http://127.0.0.1:{port}/health", None, 5.0)  # nobody listens now
+        assert fetched == Fetched(None, error="ConnectError: cannot connect")
+    finally:
+        await client.close()
