@@ -83,16 +83,21 @@ class ModelRenamer:
     def __init__(self, upstream: str, route: str) -> None:
         old, new = orjson.dumps(upstream), orjson.dumps(route)
         self._pairs = ((b'"model":' + old, b'"model":' + new), (b'"model": ' + old, b'"model": ' + new))
-        self._old = b""  # the spelling this upstream uses, learnt from its first chunk that has one
+        # The spelling this upstream uses, learnt from its first chunk that names a model; b"" when
+        # it names another one (an alias of its own): nothing to rename, and no search per chunk.
+        self._old: bytes | None = None
         self._new = b""
 
     def translate(self, events: bytes) -> bytes:
-        if self._old:
-            return events.replace(self._old, self._new)
+        old = self._old
+        if old is not None:
+            return events.replace(old, self._new) if old else events
         for old, new in self._pairs:
             if old in events:
                 self._old, self._new = old, new
                 return events.replace(old, new)
+        if b'"model"' in events:
+            self._old = b""
         return events
 
     def error(self, message: str, code: str) -> bytes:
