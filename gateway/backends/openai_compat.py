@@ -188,7 +188,8 @@ def _charset(response: WireResponse) -> str:
 
 
 def _named(exc: WireError) -> str:
-    """What went wrong before the head, in a word: ``ServerDisconnected`` or ``MalformedResponse``."""
+    """What went wrong on the wire, in a word: ``ServerDisconnected`` or ``MalformedResponse`` before
+    the head, ``ConnectionLost`` in a GET's body."""
     names = {
         "disconnected": "ServerDisconnected",
         "malformed": "MalformedResponse",
