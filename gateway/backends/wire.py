@@ -19,7 +19,7 @@ import zlib
 from collections import deque
 from dataclasses import dataclass
 from typing import Any, cast
-from urllib.parse import urlsplit
+from urllib.parse import SplitResult, urlsplit
 
 import httptools
 
@@ -50,10 +50,13 @@ class Origin:
 
     @classmethod
     def of(cls, base_url: str) -> Origin:
-        parts = urlsplit(base_url)
+        return cls._of(urlsplit(base_url), base_url)
+
+    @classmethod
+    def _of(cls, parts: SplitResult, url: str) -> Origin:
         scheme = parts.scheme.lower()
         if scheme not in ("http", "https") or not parts.hostname:
-            raise ValueError(f"not an http(s) URL: {base_url!r}")
+            raise ValueError(f"not an http(s) URL: {url!r}")
         default = 443 if scheme == "https" else 80
         port = parts.port or default
         host = parts.hostname
@@ -63,23 +66,25 @@ class Origin:
 
     def head(self, path: str, headers: dict[str, str]) -> bytes:
         """A POST's request line and headers up to (and without) the content-length value."""
-        lines = [f"POST {self.base_path}{path} HTTP/1.1", f"host: {self.host_header}"]
-        lines += [f"{name}: {value}" for name, value in headers.items()]
+        lines = self._lines("POST", f"{self.base_path}{path}", headers)
         lines.append("content-length: ")
         return "\r\n".join(lines).encode("latin-1")
 
     def get_head(self, target: str, headers: dict[str, str]) -> bytes:
         """A whole GET request for ``target`` (path and query, as sent), which has no body."""
-        lines = [f"GET {target} HTTP/1.1", f"host: {self.host_header}"]
+        return ("\r\n".join(self._lines("GET", target, headers)) + "\r\n\r\n").encode("latin-1")
+
+    def _lines(self, method: str, target: str, headers: dict[str, str]) -> list[str]:
+        lines = [f"{method} {target} HTTP/1.1", f"host: {self.host_header}"]
         lines += [f"{name}: {value}" for name, value in headers.items()]
-        return ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1")
+        return lines
 
 
 def split_url(url: str) -> tuple[Origin, str]:
     """An absolute http(s) URL as its origin and its request target ("/metrics?x=1")."""
     parts = urlsplit(url)
     target = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
-    return Origin.of(f"{parts.scheme}://{parts.netloc}"), target
+    return Origin._of(parts._replace(path=""), url), target
 
 
 class WireResponse:
