@@ -17,7 +17,8 @@ import httpx
 import pytest
 
 from gateway.request.exchange import Exchange
-from gateway.request.streaming import StreamMeter, StreamRelay
+from gateway.request.meter import StreamMeter
+from gateway.request.streaming import StreamRelay
 from tests.conftest import Gateway, Upstreams
 from tests.test_exchange import HELLO, LeavingClient, eventually, no_probes, set_faults
 

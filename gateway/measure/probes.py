@@ -25,8 +25,8 @@ from gateway.ledger import row_of
 from gateway.measure.stats import BackendView
 from gateway.money.costs import attempt_cost
 from gateway.policy.compiled import CompiledBackend, CompiledPolicy
+from gateway.request.meter import StreamMeter
 from gateway.request.observation import Attempt, Observation
-from gateway.request.streaming import StreamMeter
 
 if TYPE_CHECKING:
     from gateway.runtime import Runtime

@@ -35,9 +35,10 @@ from gateway.request.auth import authorize_route
 from gateway.request.dialect import insert_usage_cost, read_completion, unusable_answer
 from gateway.request.drain import SHUTDOWN_CODE, UNANSWERED_MESSAGE
 from gateway.request.exchange import ClientRequest, Exchange
+from gateway.request.meter import StreamMeter
 from gateway.request.observation import Attempt, Observation
 from gateway.request.resume import transcript_for
-from gateway.request.streaming import StreamMeter, StreamRelay, first_events
+from gateway.request.streaming import StreamRelay, first_events
 from gateway.request.waiting import retry_after_seconds, worth_waiting
 from gateway.runtime import Runtime
 

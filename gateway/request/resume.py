@@ -18,13 +18,13 @@ import orjson
 
 from gateway.backends import UpstreamCall
 from gateway.errors import AttemptFailure
+from gateway.request.meter import StreamMeter
 from gateway.request.observation import Attempt, Usage
 
 if TYPE_CHECKING:
     from gateway.backends.base import Upstream
     from gateway.policy.compiled import CompiledBackend
     from gateway.request.exchange import Exchange
-    from gateway.request.streaming import StreamMeter
 
 
 class Transcript:
@@ -83,7 +83,7 @@ class Resumed:
 async def resume_stream(exchange: Exchange, meter: StreamMeter, failure: AttemptFailure) -> Resumed | None:
     """Close the cut attempt and open the next candidate that can continue the answer; None when none
     can (not resumable, no candidate left, the deadline or the attempt limit reached, client gone)."""
-    from gateway.request.streaming import StreamMeter, first_events
+    from gateway.request.streaming import first_events  # streaming relays through this module
 
     transcript, client, runtime = meter.transcript, exchange.client, exchange.runtime
     observation = exchange.observation

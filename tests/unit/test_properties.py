@@ -22,8 +22,8 @@ from gateway.doors.openai import CHAT, COMPLETIONS
 from gateway.doors.responses import RESPONSES
 from gateway.errors import InvalidRequest
 from gateway.policy.load import PolicyError, compile_policy_text
+from gateway.request.meter import StreamMeter
 from gateway.request.observation import Attempt
-from gateway.request.streaming import StreamMeter
 
 # bench/reliability/fuzz.py runs these with more examples (GATEWAY_PROPERTY_EXAMPLES).
 EXAMPLES = int(os.environ.get("GATEWAY_PROPERTY_EXAMPLES", "300"))

@@ -1,0 +1,209 @@
+"""The stream meter: splits an upstream's SSE bytes into events and measures each once, on the way
+through: first reasoning and first answer times, chunk counts, usage, the end of the stream, an
+upstream's error event (held back, scrubbed) and an event no client could read (the stream is broken).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+import orjson
+
+from gateway.errors import scrubbed_error
+from gateway.request.dialect import REASONING_FIELDS, counted_usage, usage_from
+from gateway.request.observation import Attempt, Usage
+
+if TYPE_CHECKING:
+    from gateway.request.resume import Transcript
+
+
+CORRUPT = "the stream carried an event that is not JSON"
+
+
+class StreamMeter:
+    """Splits a byte stream into SSE events, notes first-token times, counts chunks, keeps usage."""
+
+    __slots__ = (
+        "_attempt",
+        "_client_wants_usage",
+        "_prompt_tokens",
+        "_scrubbed",
+        "_sep",
+        "_tail",
+        "answer_chunks",
+        "corrupt",
+        "done",
+        "final_usage",
+        "reasoning_chunks",
+        "transcript",
+        "upstream_error",
+        "usage_obj",
+    )
+
+    def __init__(
+        self,
+        attempt: Attempt,
+        *,
+        client_wants_usage: bool,
+        prompt_tokens: int,
+        transcript: Transcript | None = None,
+    ) -> None:
+        self._attempt = attempt
+        # What the client has been sent, kept only where a cut stream may be resumed elsewhere.
+        self.transcript = transcript
+        self._client_wants_usage = client_wants_usage
+        self._prompt_tokens = prompt_tokens  # the gateway's estimate, for usage nobody reported
+        self._sep = b""
+        self._tail = b""
+        self.answer_chunks = 0
+        self.reasoning_chunks = 0
+        self.usage_obj: Any = None
+        self.done = False
+        self.corrupt = False  # an event no client can read came by: the stream is broken there
+        self.final_usage = False  # the usage-only chunk for the client went by: it gets the cost
+        self.upstream_error: Any = None
+        self._scrubbed: bytes | None = None  # the upstream's error event, as the client may see it
+
+    def saw_done(self) -> bool:
+        """Whether ``data: [DONE]`` went by: the stream is complete for the client."""
+        return self.done
+
+    def feed(self, data: bytes, now: float) -> bytes:
+        """Take bytes from the network; return the complete events to forward now."""
+        buf = self._tail + data if self._tail else data
+        if not self._sep:
+            # sse-starlette (llama-cpp-python) ends lines with CRLF, vLLM and llama-server with LF. Told
+            # apart by the first event's end: a CR elsewhere (in garbage) must not make LF events one.
+            if b"\n\n" in buf:
+                self._sep = b"\n\n"
+            elif b"\r\n\r\n" in buf:
+                self._sep = b"\r\n\r\n"
+            else:
+                self._tail = buf
+                return b""
+        sep = self._sep
+        cut = buf.rfind(sep)
+        if cut < 0:
+            self._tail = buf
+            return b""
+        cut += len(sep)
+        complete, self._tail = buf[:cut], buf[cut:]
+        events = complete.split(sep)
+        events.pop()  # the empty remainder after the last separator
+        dropped = False
+        kept: list[bytes] = []
+        for event in events:
+            if self._inspect(event, now):
+                kept.append(event)
+            else:
+                dropped = True
+                if self._scrubbed is not None:
+                    kept.append(self._scrubbed)
+                    self._scrubbed = None
+                if self.corrupt:  # nothing after it is forwarded; the relay ends the stream here
+                    self._tail = b""
+                    break
+        if not dropped:
+            return complete
+        return b"".join(event + sep for event in kept)
+
+    def _inspect(self, event: bytes, now: float) -> bool:
+        """Measure one event; False means the client must not see it."""
+        payload = _data_of(event)
+        if payload is None:
+            return True
+        if payload == b"[DONE]":
+            self.done = True
+            return True
+        try:
+            obj = orjson.loads(payload)
+        except orjson.JSONDecodeError:
+            # No OpenAI client can read it (the SDKs raise on it): a corrupt stream, not an event.
+            self.corrupt = True
+            return False
+        if not isinstance(obj, dict):
+            return True
+        usage = obj.get("usage")
+        if usage:
+            self.usage_obj = usage  # cumulative when sent on every frame: keep the latest, never add
+        transcript = self.transcript
+        if transcript is not None and transcript.stream_id is None:
+            transcript.started(obj)
+        choices = obj.get("choices")
+        if not choices:
+            if "error" in obj:
+                self.upstream_error = obj["error"]
+                # Where the stream may be resumed, the client sees the resumed answer or our own error;
+                # elsewhere the upstream's, in words scrubbed of its URL, host, keys and traceback.
+                if transcript is None:
+                    self._scrubbed = b"data: " + orjson.dumps({"error": scrubbed_error(obj["error"])})
+                return False
+            if usage and self._client_wants_usage:
+                self.final_usage = True
+                return True
+            return not usage
+        for choice in choices:
+            self._inspect_choice(choice, now)
+        return True
+
+    def _inspect_choice(self, choice: Any, now: float) -> None:
+        if not isinstance(choice, dict):
+            return
+        delta = choice.get("delta")
+        if isinstance(delta, dict):
+            content = delta.get("content")
+            if content or delta.get("tool_calls"):
+                self._answer(now)
+                if self.transcript is not None:
+                    self.transcript.answered(content, delta.get("tool_calls"))
+                return
+            for field in REASONING_FIELDS:
+                text = delta.get(field)
+                if text:
+                    self._reasoning(now)
+                    if self.transcript is not None:
+                        self.transcript.reasoned(text)
+                    return
+        elif choice.get("text"):  # /v1/completions
+            self._answer(now)
+
+    def _answer(self, now: float) -> None:
+        self.answer_chunks += 1
+        attempt = self._attempt
+        if attempt.first_answer_s is None:
+            attempt.first_answer_s = now - attempt.started_at
+            if attempt.ttft_s is None:
+                attempt.ttft_s = attempt.first_answer_s
+
+    def _reasoning(self, now: float) -> None:
+        self.reasoning_chunks += 1
+        if self._attempt.ttft_s is None:
+            self._attempt.ttft_s = now - self._attempt.started_at
+
+    def usage_so_far(self) -> Usage:
+        """The upstream's usage figure when it gave one, else the gateway's count."""
+        usage = usage_from(self.usage_obj, self.reasoning_chunks)
+        if usage is None:
+            chunks = self.answer_chunks + self.reasoning_chunks
+            usage = counted_usage(self._prompt_tokens, chunks, self.reasoning_chunks)
+        return usage
+
+    def finish(self, now: float) -> None:
+        """Settle the attempt's usage and end time."""
+        attempt = self._attempt
+        attempt.finished_at = now
+        attempt.token_chunks = self.answer_chunks + self.reasoning_chunks
+        attempt.usage = self.usage_so_far()
+
+
+def _data_of(event: bytes) -> bytes | None:
+    if event.startswith(b"data:"):
+        line = event[5:]
+        newline = line.find(b"\n")
+        if newline >= 0:  # a multi-line event: only the data line matters
+            line = line[:newline]
+        return line.strip()
+    for line in event.splitlines():
+        if line.startswith(b"data:"):
+            return line[5:].strip()
+    return None
