@@ -83,7 +83,7 @@ class Resumed:
 async def resume_stream(exchange: Exchange, meter: StreamMeter, failure: AttemptFailure) -> Resumed | None:
     """Close the cut attempt and open the next candidate that can continue the answer; None when none
     can (not resumable, no candidate left, the deadline or the attempt limit reached, client gone)."""
-    from gateway.request.streaming import first_events  # streaming relays through this module
+    from gateway.request.streaming import first_events  # here, not at the top: streaming imports this module
 
     transcript, client, runtime = meter.transcript, exchange.client, exchange.runtime
     observation = exchange.observation
