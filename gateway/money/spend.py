@@ -71,10 +71,13 @@ class SpendTally:
     def seed(
         self, wall: float, day_totals: Iterable[SpendTotal], buckets: Iterable[tuple[float, str, float, int]]
     ) -> None:
+        # A route of "" holds the requests refused before they named one: no spend to show.
         for total in day_totals:
-            if total.key is not None:
+            if total.key:
                 self._days[(period_id("day", wall), total.key)] = [total.cost_usd, total.requests]
         for start, route, usd, _ in buckets:
+            if not route:
+                continue
             bucket = self._buckets.setdefault(int(start // self.bucket_s), {})
             bucket[route] = bucket.get(route, 0.0) + usd
 
