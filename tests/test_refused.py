@@ -240,3 +240,36 @@ def spend(*args: str) -> subprocess.CompletedProcess[str]:
     )
     assert result.returncode == 0, result.stderr
     return result
+
+
+def test_refused_rows_reach_a_postgresql_ledger_and_its_reports(
+    upstreams: Upstreams, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, postgres_url: str
+) -> None:
+    """The fleet's ledger takes refused rows alike: a route-less one, one with its route and key."""
+    upstreams.reset()
+    monkeypatch.setenv("TEST_PAID_API_KEY", PAID_KEY)
+    path = tmp_path / "policy.yaml"
+    path.write_text(policy_yaml(upstreams) + POLICY_TAIL)
+    with running_gateway(path, ledger_path=postgres_url) as gateway:
+        assert send(gateway, "/messages", "pg-bad-json", b"{", **TEAM).status_code == 400
+        forbidden = {"model": "paid-only", "input": "hi"}
+        assert send(gateway, "/responses", "pg-forbidden", forbidden, **TEAM).status_code == 403
+        assert gateway.runtime.ledger.rows_appended == 2
+        eventually(lambda: gateway.runtime.ledger.rows_written == 2, 10, "both rows written")
+    import psycopg
+
+    with psycopg.connect(postgres_url) as conn:
+        query = (
+            "SELECT request_id, status, error_type, route, api_key_name, endpoint FROM requests ORDER BY id"
+        )
+        rows = conn.execute(query).fetchall()
+    assert rows == [
+        ("pg-bad-json", "refused", "invalid_json", "", "team-a", "messages"),
+        ("pg-forbidden", "refused", "route_not_allowed", "paid-only", "team-a", "responses"),
+    ]
+    report = json.loads(spend("--ledger", postgres_url, "--format", "json").stdout)
+    assert report["refused"] == [
+        {"reason": "invalid_json", "requests": 1},
+        {"reason": "route_not_allowed", "requests": 1},
+    ]
+    assert {r["route"]: r["refused"] for r in report["rows"]} == {"(none)": 1, "paid-only": 1}
