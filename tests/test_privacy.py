@@ -19,6 +19,7 @@ import httpx
 import pytest
 
 from gateway.measure.probes import PROBE_PROMPT
+from gateway.policy.check import render_policy
 from tests.conftest import PAID_KEY, Gateway, Upstreams, policy_yaml, running_gateway
 from tests.servers import ThreadedServer, python_module
 from tests.spend.conftest import ledger_rows
@@ -129,6 +130,10 @@ def test_forward_user_sends_it_to_that_backend_only(
         body = received(upstreams.vllm)[-1]
         assert {name: body[name] for name in IDENTITY} == IDENTITY
         assert body["stream_options"] == {"include_usage": True}, "the rest of the body as before"
+        # `gateway check` says which backends get the ids.
+        checked = render_policy(gateway.runtime.policy).splitlines()
+        assert [line for line in checked if "forward_user" in line and "b300-vllm" in line]
+        assert not [line for line in checked if "forward_user" in line and "paid-api" in line]
         # The paid API is another backend: forward_user is off there, so it learns nothing.
         assert anthropic_message(gateway, "paid-only").status_code == 200
         (paid,) = received(upstreams.paid)
