@@ -104,10 +104,11 @@ class LedgerReader:
         return [dict(zip(RECENT_COLUMNS, row, strict=True)) for row in self._query(query, (limit,))]
 
     def replay_rows(self, since: float) -> list[ReplayRow]:
-        """Rows that started at or after ``since``, oldest first (``gateway simulate --workload ledger:``)."""
+        """Rows that started at or after ``since``, oldest first (``gateway simulate --workload ledger:``);
+        not the refused ones, which never reached a backend (nor, most of them, a route)."""
         query = (
             "SELECT time, route, stream, prompt_tokens, completion_tokens, reasoning_tokens, status"
-            " FROM requests WHERE time >= ? ORDER BY time"
+            " FROM requests WHERE time >= ? AND status <> 'refused' ORDER BY time"
         )
         return [
             ReplayRow(float(t), r, bool(s), int(p), int(c), int(rs), st)

@@ -148,6 +148,10 @@ def test_refusals_and_per_user_totals_read_alike(target: str | Path) -> None:
         assert by_route["kimi"].refused == 1 and isinstance(by_route["kimi"].refused, int)
         users = {t.key: t.requests for t in reader.totals("user", 0.0)}
         assert users == {"u1": 3, "u2": 3, None: 4}
+        replayed = reader.replay_rows(0.0)
+        assert len(replayed) == 6 and "refused" not in {r.status for r in replayed}, (
+            "a replay sends no refusal"
+        )
     database.close()
 
 
