@@ -33,6 +33,7 @@ ROUTES = """
 # Every family the gateway exports (names as the exposition shows them, without _bucket/_sum/_count).
 EXPORTED = {
     "gateway_requests_total",
+    "gateway_refused_requests_total",
     "gateway_tokens_total",
     "gateway_spend_usd_total",
     "gateway_decisions_total",
