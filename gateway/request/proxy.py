@@ -139,7 +139,8 @@ async def answer(exchange: Exchange, request: Request, receive: Receive) -> Resp
 
 def parse(exchange: Exchange, body: bytes) -> ClientRequest:
     """The door's reading of the body, the client's identifying fields taken out of what goes upstream
-    (request/privacy.py). A body the door refuses still gets its row the route it names, if any."""
+    (request/privacy.py). A body the door refuses gets an observation naming the route it asked for,
+    if any, so that its ledger row does."""
     policy = exchange.policy
     try:
         client = exchange.door.parse(body, policy, policy.tuning.chars_per_token)
