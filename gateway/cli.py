@@ -166,9 +166,10 @@ def build_parser() -> argparse.ArgumentParser:
         "gateway spend --by backend --since 7d --policy policies/default.yaml   # with pools' idle cost",
         "gateway spend --by key --since 2026-06-01 --format csv --ledger /var/lib/gateway/ledger.sqlite3",
         "gateway spend --by replica --ledger postgresql://gateway@db/gateway   # the fleet's shared ledger",
+        "gateway spend --by user --since 7d     # per user, with ledger.user: hashed (keyed hashes, no ids)",
     )
     spend.add_argument(
-        "--by", default="route", choices=["route", "backend", "key", "replica"], help="one row per"
+        "--by", default="route", choices=["route", "backend", "key", "replica", "user"], help="one row per"
     )
     spend.add_argument("--since", default="24h", help="a span (24h, 30m, 7d) or an ISO date (UTC)")
     spend.add_argument("--format", default="table", choices=["table", "csv", "json"], help="output format")

@@ -2,7 +2,8 @@
 
     GatewayError                       (status, OpenAI ``type``, ``code``)
     ├── InternalError                  500 server_error        (a bug: logged, never detailed)
-    ├── InvalidRequest                 400 invalid_request_error  (malformed JSON, missing fields)
+    ├── InvalidRequest                 400 invalid_request_error  (missing or wrong fields)
+    │   ├── MalformedBody              400 code=invalid_json (not a JSON object)
     │   ├── BodyTooLarge               413
     │   ├── BodyTimeout                408 code=request_timeout (the body did not arrive in time)
     │   ├── ModelNotFound              404 code=model_not_found (lists the known routes)
@@ -11,6 +12,11 @@
     ├── Overloaded                     503 code=gateway_overloaded (shed before reading: too many in flight)
     └── UpstreamError                  502 upstream_error      (every attempt failed before a byte was sent)
         └── UpstreamTimeout            504
+
+An error with ``refusal`` set is the gateway turning a request away (its body, credentials or limits:
+InvalidRequest and its kind, and the auth, rate-limit and budget errors defined beside what they guard):
+the request gets a ledger row with status ``refused``, a log line and a count by reason
+(request/refusals.py).
 
 Foreign exceptions (the HTTP client library's, asyncio timeouts) are translated once, in the backend
 client, into ``AttemptFailure``; the request path turns the last failure into an ``UpstreamError``.
@@ -32,6 +38,7 @@ class GatewayError(Exception):
     type = "server_error"
     code: str | None = None
     param: str | None = None
+    refusal = False  # the gateway turns the request away (the client's to fix), rather than failing it
 
     def __init__(self, message: str, *, param: str | None = None, code: str | None = None) -> None:
         super().__init__(message)
@@ -63,6 +70,13 @@ class InternalError(GatewayError):
 class InvalidRequest(GatewayError):
     status = 400
     type = "invalid_request_error"
+    refusal = True
+
+
+class MalformedBody(InvalidRequest):
+    """The body is empty, not JSON, or JSON but not an object."""
+
+    code = "invalid_json"
 
 
 class BodyTooLarge(InvalidRequest):
@@ -92,6 +106,7 @@ class PolicyRejected(InvalidRequest):
 
     status = 422
     code = "policy_rejected"
+    refusal = False  # an admin's reload, not a request
 
     def __init__(self, message: str, errors: list[str]) -> None:
         super().__init__(message)

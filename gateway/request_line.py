@@ -1,5 +1,6 @@
 """One concise line per finished request, for a person watching a terminal (``gateway demo``):
-route -> backend, the decision, TTFT, tokens and cost, so the routing is seen as it happens."""
+route -> backend, the decision, TTFT, tokens and cost, so the routing is seen as it happens; and each
+refused request with its reason."""
 
 from __future__ import annotations
 
@@ -12,6 +13,10 @@ from gateway.request.observation import Observation
 
 
 def request_line(observation: Observation) -> str:
+    if observation.status == "refused":  # turned away before any backend: the reason is the news
+        key = f", key {observation.api_key_name}" if observation.api_key_name else ""
+        route = observation.route or "(no route)"
+        return f"{route} -> refused: {observation.error_type}  ({observation.endpoint}{key})"
     final = observation.final
     backend = observation.backend or "-"
     outcome = "ok" if observation.status == "ok" else observation.error_type or "error"

@@ -356,7 +356,8 @@ class Runtime:
             observation, started_wall, None if backend is None else backend.model, reserved, self.replica
         )
         self.ledger.append(row)
-        self.spend.add(started_wall, observation.route, row.cost_usd)
+        if observation.route:  # a request refused before naming a route has no spend to show
+            self.spend.add(started_wall, observation.route, row.cost_usd)
         self.recent.append(observation)
         self.metrics.request_finished(observation)
         for listener in self.request_listeners:

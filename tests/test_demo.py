@@ -108,12 +108,20 @@ def test_printed_commands_run_as_printed_on_moved_ports_with_a_line_per_request(
         assert pasted.returncode == 0 and "usage:" in pasted.stdout, pasted.stderr
         readme_curl = readme_block("sh", "## Quickstart").replace("127.0.0.1:8080", f"127.0.0.1:{port}")
         assert "x-gateway-route: kimi-k3" in run_as_pasted(readme_curl).stdout.lower()
+        # Refused requests print a line too: the reason, and the route when the body named one.
+        url = f"http://127.0.0.1:{port}/v1/chat/completions"
+        assert httpx.post(url, json={"model": "claude-opus-4-8", "messages": []}).status_code == 404
+        assert httpx.post(url, json={"model": "kimi-k3", "messages": []}).status_code == 400
     finally:  # a graceful stop: every request has settled, and printed its line, before it exits
         assert demo.stop() == 0
     printed = log.read_text()
     assert f":{foreign} -> :" in printed, "the taken port was named and moved"
     assert not any(path.startswith("/v1") for path in hits), "nothing was served against the foreign server"
-    lines = [line for line in printed.splitlines() if line.startswith("kimi-k3 -> ")]
+    assert "(no route) -> refused: model_not_found  (chat)" in printed.splitlines(), printed
+    assert "kimi-k3 -> refused: invalid_request_error  (chat)" in printed.splitlines(), printed
+    lines = [
+        line for line in printed.splitlines() if line.startswith("kimi-k3 -> ") and "refused" not in line
+    ]
     assert len(lines) == 4, printed  # the two printed commands and the README's two snippets
     assert all(REQUEST_LINE.match(line) and " cost $" in line for line in lines), lines
     moved_policy = re.search(r"running the policy copy (\S+)", printed)

@@ -68,6 +68,8 @@ def dashboard_data(runtime: Runtime, view: LedgerSnapshot) -> dict[str, Any]:
         "routes": _routes(runtime, tally.today(wall), view, series),
         "series": {"bucket_s": tally.bucket_s, "times": times, "routes": series},
         "pools": pool_rows(policy, view),
+        # As the ledger has them at the view's last read (a few seconds behind, like the pools).
+        "refused": [{"reason": reason, "requests": count} for reason, count in view.refusals],
         "backends": _backends(runtime),
         "budgets": [
             {
@@ -106,7 +108,8 @@ def _routes(
     view: LedgerSnapshot,
     series: dict[str, list[float]],
 ) -> list[dict[str, Any]]:
-    names = list(runtime.policy.routes) + sorted(set(today) - set(runtime.policy.routes))
+    # "" holds requests refused before they named a route: they show under "refused", not as a route.
+    names = list(runtime.policy.routes) + sorted(set(today) - set(runtime.policy.routes) - {""})
     rows = []
     for name in names:
         usd, requests = today.get(name, (0.0, 0))
@@ -119,6 +122,7 @@ def _routes(
                 "last_hour_usd": sum(series.get(name, ())),
                 "errors_today": 0 if seen is None else seen.errors,
                 "fallbacks_today": 0 if seen is None else seen.fallbacks,
+                "refused_today": 0 if seen is None else seen.refused,
             }
         )
     return rows

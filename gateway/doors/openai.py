@@ -11,7 +11,7 @@ import orjson
 from starlette.responses import Response
 
 from gateway.api.responses import error_response
-from gateway.errors import GatewayError, InvalidRequest, ModelNotFound
+from gateway.errors import GatewayError, InvalidRequest, MalformedBody, ModelNotFound
 from gateway.policy.compiled import CompiledPolicy, CompiledRoute
 from gateway.request.dialect import estimate_tokens, prompt_chars
 from gateway.request.streaming import error_event
@@ -168,13 +168,13 @@ def check_numbers(payload: dict[str, Any]) -> None:
 def json_object(body: bytes) -> dict[str, Any]:
     """A request body that must be a JSON object; InvalidRequest in OpenAI's words otherwise."""
     if not body:
-        raise InvalidRequest("request body is empty; expected a JSON object")
+        raise MalformedBody("request body is empty; expected a JSON object")
     try:
         payload = orjson.loads(body)
     except orjson.JSONDecodeError as exc:
-        raise InvalidRequest(f"request body is not valid JSON: {exc}") from None
+        raise MalformedBody(f"request body is not valid JSON: {exc}") from None
     if not isinstance(payload, dict):
-        raise InvalidRequest("request body must be a JSON object")
+        raise MalformedBody("request body must be a JSON object")
     if body.count(b"[") + body.count(b"{") > MAX_NESTING:  # a memchr-speed look before the real one
         check_nesting(payload)
     return payload

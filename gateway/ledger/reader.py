@@ -60,7 +60,7 @@ class LedgerReader:
         return rows
 
     def totals(self, by: str, since: float, until: float | None = None) -> list[SpendTotal]:
-        """Totals per ``by`` (route, backend, key or replica) for rows that started in [since, until)."""
+        """Totals per ``by`` (route, backend, key, replica or user) of rows that started in [since, until)."""
         column = GROUP_COLUMNS[by]  # a fixed column name, never user text
         until_clause = "" if until is None else " AND time < ?"
         params: Sequence[float] = (since,) if until is None else (since, until)
@@ -68,11 +68,23 @@ class LedgerReader:
         query = (
             f"SELECT {column}, count(*), sum(CASE WHEN status <> 'ok' THEN 1 ELSE 0 END),"
             " sum(prompt_tokens), sum(cached_prompt_tokens), sum(completion_tokens), sum(reasoning_tokens),"
-            f" sum(cost_usd), coalesce({bases}, ''), sum(CASE WHEN attempts > 1 THEN 1 ELSE 0 END)"
+            f" sum(cost_usd), coalesce({bases}, ''), sum(CASE WHEN attempts > 1 THEN 1 ELSE 0 END),"
+            " sum(CASE WHEN status = 'refused' THEN 1 ELSE 0 END)"
             f" FROM requests WHERE time >= ?{until_clause} GROUP BY {column}"
             f" ORDER BY sum(cost_usd) DESC, {column}"
         )
         return [SpendTotal(*(_plain(v) for v in row)) for row in self._query(query, params)]
+
+    def refusals(self, since: float, until: float | None = None) -> list[tuple[str, int]]:
+        """(reason, requests) for the refused requests that started in [since, until), most first:
+        the reason is the error type the gateway refused with, a fixed vocabulary of its own."""
+        until_clause = "" if until is None else " AND time < ?"
+        params: Sequence[float] = (since,) if until is None else (since, until)
+        query = (
+            "SELECT coalesce(error_type, ''), count(*) FROM requests"
+            f" WHERE status = 'refused' AND time >= ?{until_clause} GROUP BY 1 ORDER BY 2 DESC, 1"
+        )
+        return [(str(reason), int(count)) for reason, count in self._query(query, params)]
 
     def buckets(self, since: float, bucket_s: float) -> list[tuple[float, str, float, int]]:
         """(bucket start, route, USD, requests) for rows since ``since``, to seed the live spend view."""
@@ -92,10 +104,11 @@ class LedgerReader:
         return [dict(zip(RECENT_COLUMNS, row, strict=True)) for row in self._query(query, (limit,))]
 
     def replay_rows(self, since: float) -> list[ReplayRow]:
-        """Rows that started at or after ``since``, oldest first (``gateway simulate --workload ledger:``)."""
+        """Rows that started at or after ``since``, oldest first (``gateway simulate --workload ledger:``);
+        not the refused ones, which never reached a backend (nor, most of them, a route)."""
         query = (
             "SELECT time, route, stream, prompt_tokens, completion_tokens, reasoning_tokens, status"
-            " FROM requests WHERE time >= ? ORDER BY time"
+            " FROM requests WHERE time >= ? AND status <> 'refused' ORDER BY time"
         )
         return [
             ReplayRow(float(t), r, bool(s), int(p), int(c), int(rs), st)

@@ -21,7 +21,7 @@ class LedgerRow(NamedTuple):
     time: float
     request_id: str
     api_key_name: str | None  # the key's name from the policy, never the key itself
-    route: str
+    route: str  # "" for a request refused before it named a route of the policy
     endpoint: str
     stream: bool
     backend: str | None  # the last backend tried (the one that answered, when one did)
@@ -38,7 +38,7 @@ class LedgerRow(NamedTuple):
     first_answer_s: float | None
     decode_tokens_per_s: float | None
     duration_s: float | None
-    status: str  # "ok" or "error"
+    status: str  # "ok", "error", "cancelled" (the client left) or "refused" (turned away by the gateway)
     error_type: str | None
     attempts: int
     decision_reason: str | None
@@ -48,6 +48,8 @@ class LedgerRow(NamedTuple):
     queued_s: float = 0.0  # seconds waiting in the route's queue for a free or unpaused candidate
     attempt_log: str = ""  # each attempt, in order, as a JSON array (see ``attempt_log``)
     probe: bool = False  # a synthetic probe (the ``probes`` table): billed to no route or key
+    # Schema 4: a keyed hash of the client's user id (``ledger.user: hashed``), never the id itself.
+    user_hash: str | None = None
 
 
 # Written with every row: its fields, then the row key the writer gives it (unique per row, so a
@@ -76,10 +78,11 @@ class SpendTotal(NamedTuple):
     cost_usd: float
     bases: str  # the cost bases seen, comma-separated
     fallbacks: int = 0  # requests that needed more than one attempt
+    refused: int = 0  # of ``errors``: requests the gateway turned away before trying a backend
 
 
 GROUP_COLUMNS: Mapping[str, str] = MappingProxyType(
-    {"route": "route", "backend": "backend", "key": "api_key_name", "replica": "replica"}
+    {"route": "route", "backend": "backend", "key": "api_key_name", "replica": "replica", "user": "user_hash"}
 )
 
 
@@ -131,6 +134,7 @@ def row_of(
         observation.queued_s,
         attempt_log(observation),
         observation.endpoint == "probe",
+        observation.user_hash,
     )
 
 

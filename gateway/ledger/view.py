@@ -1,8 +1,8 @@
 """What the dashboard reads from the ledger, refreshed in the background every few seconds while
 someone watches the dashboard: today's totals per route (errors and fallbacks too), backend and
-replica, the last hour in buckets, and (for a shared ledger) the fleet's newest rows. Never read on a
-completion request, and not at all while nobody looks: those queries scan the day's rows, CPU the
-proxy's core needs for tokens."""
+replica, the requests refused today by reason, the last hour in buckets, and (for a shared ledger)
+the fleet's newest rows. Never read on a completion request, and not at all while nobody looks: those
+queries scan the day's rows, CPU the proxy's core needs for tokens."""
 
 from __future__ import annotations
 
@@ -32,6 +32,7 @@ class LedgerSnapshot:
     replicas: list[SpendTotal] = field(default_factory=list)
     recent: list[dict[str, Any]] = field(default_factory=list)
     tally: SpendTally | None = None  # today's and the last hour's spend, as the ledger has them
+    refusals: list[tuple[str, int]] = field(default_factory=list)  # today's refused requests by reason
     error: str | None = None
 
 
@@ -77,6 +78,7 @@ class LedgerView:
                     backends={t.key: t for t in reader.totals("backend", day_start) if t.key is not None},
                     replicas=reader.totals("replica", day_start),
                     recent=reader.recent(RECENT_ROWS) if self.database.shared else [],
+                    refusals=reader.refusals(day_start),
                     tally=tally,
                 )
         except LedgerUnavailable as exc:

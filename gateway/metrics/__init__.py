@@ -83,6 +83,13 @@ class GatewayMetrics:
             ["route", "mode"],
             registry=registry,
         )
+        self.refused = Counter(
+            "gateway_refused_requests",
+            "Requests the gateway turned away before trying a backend, by reason: the error code it "
+            "answered with (invalid_json, model_not_found, invalid_api_key, budget_exhausted, ...).",
+            ["reason"],
+            registry=registry,
+        )
         self.upstream_errors = Counter(
             "gateway_upstream_errors",
             "Failed upstream attempts, by backend and type (http_5xx, http_429, timeout, dropped, ...).",
@@ -133,6 +140,8 @@ class GatewayMetrics:
         route, backend = observation.route, observation.backend or ""
         status = "ok" if observation.status == "ok" else observation.error_type or "error"
         self._child(self.requests, route, backend, status).inc()
+        if observation.status == "refused":
+            self._child(self.refused, observation.error_type or "").inc()
         if observation.decision_reason is not None:
             self._child(self.decisions, route, observation.decision_reason).inc()
         if observation.cost_usd:

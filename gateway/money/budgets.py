@@ -38,6 +38,7 @@ class BudgetExhausted(GatewayError):
     status = 429
     type = "insufficient_quota"
     code = "budget_exhausted"
+    refusal = True
 
     def __init__(self, message: str, retry_after_s: int) -> None:
         super().__init__(message)

@@ -21,6 +21,7 @@ class RateLimited(GatewayError):
     status = 429
     type = "rate_limit_error"
     code = "rate_limit_exceeded"
+    refusal = True
 
     def __init__(self, message: str, unit: str, limit: float, retry_after_s: float | None) -> None:
         super().__init__(message)

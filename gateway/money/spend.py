@@ -29,6 +29,7 @@ UNITS_S = MappingProxyType({"s": 1, "m": 60, "h": 3600, "d": 86_400, "w": 604_80
 REPORT_FIELDS = (
     "requests",
     "errors",
+    "refused",
     "prompt_tokens",
     "cached_prompt_tokens",
     "completion_tokens",
@@ -70,10 +71,13 @@ class SpendTally:
     def seed(
         self, wall: float, day_totals: Iterable[SpendTotal], buckets: Iterable[tuple[float, str, float, int]]
     ) -> None:
+        # A route of "" holds the requests refused before they named one: no spend to show.
         for total in day_totals:
-            if total.key is not None:
+            if total.key:
                 self._days[(period_id("day", wall), total.key)] = [total.cost_usd, total.requests]
         for start, route, usd, _ in buckets:
+            if not route:
+                continue
             bucket = self._buckets.setdefault(int(start // self.bucket_s), {})
             bucket[route] = bucket.get(route, 0.0) + usd
 
@@ -124,6 +128,7 @@ class Report:
     rows: list[SpendTotal]
     ledger: str  # the ledger read: a file's absolute path or a URL without its password
     note: str | None = None  # e.g. why idle rows are missing
+    refusals: tuple[tuple[str, int], ...] = ()  # (reason, requests) the gateway refused, most first
 
 
 def parse_since(text: str, now: float) -> float:
@@ -145,12 +150,13 @@ def build_report(
 ) -> Report:
     with ledger.reading() as reader:
         rows = reader.totals(by, since, now)
+        refusals = tuple(reader.refusals(since, now))
         note = None
         if policy_path is None:
             note = "GPU-hour pools' idle (unattributed) cost not shown: pass --policy to include it"
         else:
             rows += idle_rows(reader, policy_path, since, now)
-    return Report(by, since, now, rows, ledger.location, note)
+    return Report(by, since, now, rows, ledger.location, note, refusals)
 
 
 def idle_rows(reader: LedgerReader, policy_path: str, since: float, now: float) -> list[SpendTotal]:
@@ -178,9 +184,10 @@ def report_dicts(report: Report) -> list[dict[str, Any]]:
         per_mtok = usd_per_mtok_of(row.cost_usd, row.completion_tokens)
         out.append(
             {
-                report.by: row.key if row.key is not None else "(none)",
+                report.by: row.key or "(none)",  # a request refused before naming a route has none
                 "requests": row.requests,
                 "errors": row.errors,
+                "refused": row.refused,
                 "prompt_tokens": row.prompt_tokens,
                 "cached_prompt_tokens": row.cached_prompt_tokens,
                 "completion_tokens": row.completion_tokens,
@@ -205,6 +212,7 @@ def render(report: Report, fmt: str) -> str:
             "window": window,
             "rows": records,
             "total_usd": total,
+            "refused": [{"reason": reason, "requests": count} for reason, count in report.refusals],
             "note": report.note,
         }
         return orjson.dumps(document, option=orjson.OPT_INDENT_2).decode() + "\n"
@@ -222,24 +230,24 @@ def _fields(by: str) -> list[str]:
 
 
 def _table(report: Report, records: Sequence[dict[str, Any]], total: float) -> str:
-    headers = [report.by, "requests", "errors", "prompt", "cached", "completion", "reasoning"]
+    headers = [report.by, "requests", "errors", "refused", "prompt", "cached", "completion", "reasoning"]
     headers += ["cost_usd", "usd/1M out", "basis"]
     lines = [
         [
             str(r[report.by]),
-            *(f"{r[f]:,}" for f in _fields(report.by)[1:7]),
+            *(f"{r[f]:,}" for f in _fields(report.by)[1:8]),
             f"{r['cost_usd']:.6f}",
             "" if r["usd_per_mtok_out"] is None else f"{r['usd_per_mtok_out']:.2f}",
             r["cost_basis"],
         ]
         for r in records
     ]
-    lines.append(["total", *[""] * 6, f"{total:.6f}", "", ""])
+    lines.append(["total", *[""] * 7, f"{total:.6f}", "", ""])
     widths = [max(len(h), *(len(line[i]) for line in lines)) for i, h in enumerate(headers)]
 
     def fmt(cells: Sequence[str]) -> str:
         pairs = enumerate(zip(cells, widths, strict=True))
-        return "  ".join(c.ljust(w) if i in (0, 9) else c.rjust(w) for i, (c, w) in pairs)
+        return "  ".join(c.ljust(w) if i in (0, 10) else c.rjust(w) for i, (c, w) in pairs)
 
     title = f"spend by {report.by}, {_iso(report.since)} to {_iso(report.until)} (UTC)"
     body = [
@@ -249,6 +257,9 @@ def _table(report: Report, records: Sequence[dict[str, Any]], total: float) -> s
         fmt(["-" * w for w in widths]),
         *(fmt(line) for line in lines),
     ]
+    if report.refusals:
+        reasons = ", ".join(f"{reason} {count:,}" for reason, count in report.refusals)
+        body.append(f"refused, by reason: {reasons}")
     if report.note:
         body.append(f"note: {report.note}")
     return "\n".join(line.rstrip() for line in body) + "\n"

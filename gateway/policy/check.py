@@ -50,7 +50,9 @@ def render_route(route: CompiledRoute, policy: CompiledPolicy) -> list[str]:
     width = max(len(name) for name in route.backends)
     for i, name in enumerate(route.backends, start=1):
         backend = policy.backends[name]
-        lines.append(f"  {i}. {name:<{width}}  {backend.dialect:<8}  {describe_price(backend)}")
+        # Privacy is off by default: a backend that is sent the client's user ids says so here.
+        forwards = "  (forward_user: gets the client's user ids)" if backend.forward_user else ""
+        lines.append(f"  {i}. {name:<{width}}  {backend.dialect:<8}  {describe_price(backend)}{forwards}")
     return lines
 
 

@@ -74,6 +74,7 @@ class CompiledBackend:
     prior_prefill_tokens_per_s: float = 10_000.0
     family: str = ""  # the model it serves (its ``model`` unless the policy says otherwise)
     resume: ResumeStyle = "none"  # how it continues an answer another backend started
+    forward_user: bool = False  # the client's identifying metadata goes to it (request/privacy.py)
 
 
 @dataclass(frozen=True, slots=True)
@@ -120,3 +121,6 @@ class CompiledPolicy:
     tuning: Tuning = field(default_factory=Tuning)
     keys_file: str | None = None  # auth.keys_file resolved against the policy's directory
     server: Server = field(default_factory=Server)  # limits per process: in flight, headers, body
+    # The key of the ledger's user hashes (ledger.user: hashed), read from the environment at load;
+    # None: no user is recorded.
+    user_hash_key: bytes | None = field(default=None, repr=False)

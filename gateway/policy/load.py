@@ -130,6 +130,12 @@ def _compile(text: str, source: str, digest: str, environ: Env) -> CompiledPolic
         if backend.api_key_env is not None and name in backends and backends[name].api_key is None:
             unset = f"environment variable {backend.api_key_env} is not set; requests go without a key"
             warnings.append(doc.problem(("backends", name, "api_key_env"), unset))
+    user_hash_key = None
+    if raw.ledger.user == "hashed":
+        user_hash_key = env.get(raw.ledger.user_hash_key_env, "").encode() or None
+        if user_hash_key is None:
+            unset = f"environment variable {raw.ledger.user_hash_key_env} is not set; no user is recorded"
+            warnings.append(doc.problem(("ledger", "user"), unset))
     if problems:
         raise PolicyError(problems)
     routes = {name: _compile_route(name, route, backends) for name, route in raw.routes.items()}
@@ -142,6 +148,7 @@ def _compile(text: str, source: str, digest: str, environ: Env) -> CompiledPolic
         server=raw.server,
         warnings=tuple(str(w) for w in sorted(warnings, key=lambda p: (p.line, p.column))),
         ledger=raw.ledger,
+        user_hash_key=user_hash_key,
         api_keys=types.MappingProxyType(_compile_keys(raw.auth)),
         key_budgets=types.MappingProxyType(
             {entry.name: entry.budgets for entry in raw.auth.keys if entry.budgets is not None}
@@ -220,6 +227,7 @@ def _compile_backend(
         prior_prefill_tokens_per_s=tuning.prior_prefill_tokens_per_s,
         family=backend.family or backend.model,
         resume=backend.resume or DEFAULT_RESUME.get(backend.dialect, "none"),
+        forward_user=backend.forward_user,
     )
 
 

@@ -106,6 +106,10 @@ class Backend(Strict):
     family: str | None = None
     # How it continues an answer cut elsewhere; default: continue_final_message for vllm, else none.
     resume: ResumeStyle | None = None
+    # Privacy: whether the client's identifying metadata (OpenAI ``user``, ``safety_identifier``,
+    # ``metadata``, Codex ``client_metadata``, Anthropic ``metadata.user_id``) goes to this backend.
+    # Off by default, so no paid API learns who uses it unless the policy says so here.
+    forward_user: bool = False
 
 
 class Slo(Strict):
@@ -204,6 +208,11 @@ class Ledger(Strict):
     # leaves the rows it still refuses (the next start writes them to the database).
     close_timeout_s: Annotated[float, Field(ge=0, le=600)] = 20.0
     spill_path: Annotated[str, Field(min_length=1)] = "var/ledger-spill.sqlite3"
+    # Per-user spend: "hashed" keeps a keyed hash (HMAC-SHA256) of the client's user id in each row,
+    # never the id itself; the key is read from the environment variable ``user_hash_key_env`` names
+    # (unset: no user is recorded, and the policy says so). "none" (the default) records no user.
+    user: Literal["none", "hashed"] = "none"
+    user_hash_key_env: Annotated[str, Field(pattern=r"^[A-Za-z_][A-Za-z0-9_]*$")] = "GATEWAY_USER_HASH_KEY"
 
 
 class RateLimit(Strict):

@@ -26,6 +26,7 @@ class AuthenticationFailed(GatewayError):
     status = 401
     type = "authentication_error"
     code = "invalid_api_key"
+    refusal = True
 
     def headers(self) -> dict[str, str]:
         return {"www-authenticate": 'Bearer realm="gateway"'}
@@ -35,6 +36,7 @@ class PermissionDenied(GatewayError):
     status = 403
     type = "permission_error"
     code = "route_not_allowed"
+    refusal = True
 
 
 @dataclass(frozen=True, slots=True)

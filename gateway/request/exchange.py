@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Awaitable, Callable, MutableMapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from gateway.backends import Upstream, UpstreamCall
@@ -40,6 +40,9 @@ class ClientRequest:
     prompt_chars: int
     prompt_tokens: int  # estimated from its characters, before any upstream counted them
     max_tokens: int | None
+    # The client's identifying fields, taken out of ``payload`` (request/privacy.py): they go upstream
+    # only to a backend with ``forward_user: true``.
+    identity: dict[str, Any] = field(default_factory=dict)
 
 
 class Exchange:

@@ -83,7 +83,9 @@ class Observation:
     api_key_name: str | None = None
     decision_reason: str | None = None
     attempts: list[Attempt] = field(default_factory=list)
-    status: Literal["ok", "error", "cancelled"] = "ok"  # cancelled: the client left first
+    # cancelled: the client left first; refused: the gateway turned it away (its request, credentials
+    # or limits) before any backend was tried.
+    status: Literal["ok", "error", "cancelled", "refused"] = "ok"
     error_type: str | None = None
     finished_at: float | None = None
     cost_usd: float | None = None  # settled, summed over attempts
@@ -91,6 +93,7 @@ class Observation:
     expected_cost_usd: float | None = None  # what the decision predicted for the chosen backend
     prefill_cost_usd: float | None = None  # the prompt-processing share of ``cost_usd`` (pools)
     queued_s: float = 0.0  # seconds spent waiting for a free or unpaused candidate
+    user_hash: str | None = None  # keyed hash of the client's user id (ledger.user: hashed)
 
     @property
     def final(self) -> Attempt | None:

@@ -31,12 +31,15 @@ from gateway.errors import (
     UpstreamTimeout,
 )
 from gateway.money.costs import bounded_max_tokens
+from gateway.policy.compiled import CompiledBackend
 from gateway.request.auth import authorize_route
 from gateway.request.dialect import insert_usage_cost, read_completion, unusable_answer
 from gateway.request.drain import SHUTDOWN_CODE, UNANSWERED_MESSAGE
 from gateway.request.exchange import ClientRequest, Exchange
 from gateway.request.meter import StreamMeter
 from gateway.request.observation import Attempt, Observation
+from gateway.request.privacy import take_identity, user_hash, with_identity
+from gateway.request.refusals import named_in, observation_of, refuse
 from gateway.request.resume import transcript_for
 from gateway.request.streaming import StreamRelay, first_events
 from gateway.request.waiting import retry_after_seconds, worth_waiting
@@ -95,7 +98,11 @@ async def answer_and_send(
 
 def refusal(exchange: Exchange, error: GatewayError) -> Response:
     exchange.runtime.error_returned(error)
-    exchange.fail(error.code or error.type)
+    observation = exchange.observation
+    if error.refusal and (observation is None or not observation.attempts):
+        refuse(exchange, error)  # turned away before any backend was tried: a row, a log line
+    else:
+        exchange.fail(error.code or error.type)
     return exchange.door.error_response(error)
 
 
@@ -109,20 +116,12 @@ async def answer(exchange: Exchange, request: Request, receive: Receive) -> Resp
     if not exchange.in_flight:
         raise Overloaded(server.max_in_flight, server.shed_retry_after_s)
     exchange.watch_client(receive)
-    client = exchange.client = exchange.door.parse(body, policy, policy.tuning.chars_per_token)
+    client = exchange.client = parse(exchange, body)
     candidates = (policy.backends[name] for name in client.route.backends)
     client.max_tokens = bounded_max_tokens(client.max_tokens, client.prompt_tokens, candidates)
+    observation = exchange.observation = observation_of(exchange, client.route.name, stream=client.stream)
+    observation.user_hash = user_hash(client.identity, policy.user_hash_key)
     authorize_route(exchange.key, client.route.name)
-    observation = exchange.observation = Observation(
-        request_id=exchange.request_id,
-        route=client.route.name,
-        endpoint=exchange.door.name,
-        stream=client.stream,
-        started_at=exchange.started_at,
-        prompt_chars=client.prompt_chars,
-        max_tokens=client.max_tokens,
-        api_key_name=None if exchange.key is None else exchange.key.name,
-    )
     decision = exchange.decision = runtime.decide(
         policy, client.route, client.prompt_tokens, client.max_tokens, client.stream
     )
@@ -136,6 +135,21 @@ async def answer(exchange: Exchange, request: Request, receive: Receive) -> Resp
         await runtime.wait_for_candidate(exchange)  # every candidate full or rate-limited: wait
     order = exchange.order = await runtime.admit(exchange)
     return await attempt_in_order(exchange, client, observation, order)
+
+
+def parse(exchange: Exchange, body: bytes) -> ClientRequest:
+    """The door's reading of the body, the client's identifying fields taken out of what goes upstream
+    (request/privacy.py). A body the door refuses gets an observation naming the route it asked for,
+    if any, so that its ledger row does."""
+    policy = exchange.policy
+    try:
+        client = exchange.door.parse(body, policy, policy.tuning.chars_per_token)
+    except GatewayError:
+        route, stream = named_in(body, policy)
+        exchange.observation = observation_of(exchange, route, stream=stream)
+        raise
+    client.identity = take_identity(client.payload)
+    return client
 
 
 async def attempt_in_order(
@@ -155,7 +169,7 @@ async def attempt_in_order(
         if failure is not None:  # the answer will say it came from a fallback, and why
             observation.decision_reason = f"fallback_after_{failure.kind}"
         attempt = exchange.begin_attempt(name)
-        path, body = exchange.door.upstream_path, upstream_body(client, backend.model)
+        path, body = exchange.door.upstream_path, upstream_body(client, backend)
         try:
             if client.stream:
                 wait_s = min(backend.timeouts.first_byte_s, remaining)
@@ -281,11 +295,13 @@ async def shed(runtime: Runtime, door: Door, scope: Scope, receive: Receive, sen
     await door.error_response(refusal)(scope, receive, send)
 
 
-def upstream_body(client: ClientRequest, model: str) -> bytes:
-    """The client's body with the backend's model name; streams always ask for usage (stripped again
-    by the relay when the client did not ask), so every streamed token is accounted for."""
+def upstream_body(client: ClientRequest, backend: CompiledBackend) -> bytes:
+    """The client's body with the backend's model name, and the client's identity only for a backend
+    allowed it; streams always ask for usage (stripped again by the relay when the client did not
+    ask), so every streamed token is accounted for."""
     payload: dict[str, Any] = dict(client.payload)
-    payload["model"] = model
+    payload["model"] = backend.model
+    with_identity(payload, client.identity, backend)
     if client.stream:
         payload["stream_options"] = {**(client.payload.get("stream_options") or {}), "include_usage": True}
     return orjson.dumps(payload)

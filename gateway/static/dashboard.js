@@ -108,6 +108,15 @@ function renderPools(data) {
   });
 }
 
+function renderRefused(data) {
+  document.getElementById("no-refused").hidden = data.refused.length > 0;
+  fillTable("refused", data.refused, (tr, r) => {
+    tr.dataset.reason = r.reason;
+    cell(tr, r.reason);
+    cell(tr, String(r.requests), "num requests");
+  });
+}
+
 function renderReplicas(data) {
   document.getElementById("replicas-section").hidden = data.replicas.length === 0;
   fillTable("replicas", data.replicas, (tr, r) => {
@@ -265,6 +274,7 @@ function last(values) {
 function render(data) {
   renderRoutes(data);
   renderPools(data);
+  renderRefused(data);
   renderReplicas(data);
   renderChart(data);
   renderBackends(data);

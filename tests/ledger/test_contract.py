@@ -114,6 +114,47 @@ def test_totals_buckets_recent_agree_with_the_rows(target: str | Path) -> None:
     database.close()
 
 
+def test_refusals_and_per_user_totals_read_alike(target: str | Path) -> None:
+    """Refused rows (schema 4: no route when none was named) count by reason and per route; rows with
+    a user hash total per user; probes (their own table) take the new column too."""
+    refused = [
+        row(n, status="refused", error_type=reason, route=route, backend=None, attempts=0, cost_usd=0.0)
+        for n, (reason, route) in enumerate(
+            [
+                ("invalid_json", ""),
+                ("model_not_found", ""),
+                ("invalid_json", ""),
+                ("rate_limit_exceeded", "kimi"),
+            ],
+            start=100,
+        )
+    ]
+    served = [row(n, status="ok", error_type=None, user_hash="u1" if n % 2 else "u2") for n in range(1, 7)]
+    database = open_database(target)
+    database.open()
+    database.write(keyed([*refused, *served, row(200, probe=True, user_hash="probe")]))
+    with database.reading() as reader:
+        assert reader.refusals(0.0) == [
+            ("invalid_json", 2),
+            ("model_not_found", 1),
+            ("rate_limit_exceeded", 1),
+        ]
+        assert reader.refusals(refused[1].time, refused[3].time) == [
+            ("invalid_json", 1),
+            ("model_not_found", 1),
+        ]
+        by_route = {t.key: t for t in reader.totals("route", 0.0)}
+        assert (by_route[""].requests, by_route[""].refused, by_route[""].errors) == (3, 3, 3)
+        assert by_route["kimi"].refused == 1 and isinstance(by_route["kimi"].refused, int)
+        users = {t.key: t.requests for t in reader.totals("user", 0.0)}
+        assert users == {"u1": 3, "u2": 3, None: 4}
+        replayed = reader.replay_rows(0.0)
+        assert len(replayed) == 6 and "refused" not in {r.status for r in replayed}, (
+            "a replay sends no refusal"
+        )
+    database.close()
+
+
 async def test_the_writer_batches_and_close_writes_the_rest(target: str | Path) -> None:
     ledger = Ledger(target, flush_interval_s=3600, batch_size=4)
     await ledger.start()
@@ -149,7 +190,7 @@ def test_a_ledger_from_before_migrations_is_brought_up_to_date(tmp_path: Path) -
         old_columns, values = ", ".join(first), ", ".join("?" * len(first))
         conn.execute(f"INSERT INTO requests ({old_columns}) VALUES ({values})", tuple(row(1))[: len(first)])
     ledger = SqliteLedger(path)
-    assert ledger.open() == [1, 2, 3]
+    assert ledger.open() == [1, 2, 3, 4]
     ledger.write(keyed([row(2)]))
     with ledger.reading() as reader:
         assert sum(t.requests for t in reader.totals("route", 0.0)) == 2

@@ -141,3 +141,28 @@ auth:
         assert httpx.get(gateway.url + path, headers={"authorization": f"Bearer {app}"}).status_code == 403
         assert httpx.get(gateway.url + path, headers={"authorization": f"Bearer {ops}"}).status_code == 200
     assert httpx.get(gateway.url + "/dashboard").status_code == 200, "the page itself holds no data"
+
+
+def test_the_page_shows_refused_requests_by_reason_in_chromium(
+    make_gateway: MakeGateway, tmp_path: Path
+) -> None:
+    if chromium_path() is None:
+        pytest.skip("chromium is not installed (Debian: apt-get install -y chromium); CI installs it")
+    gateway = make_gateway(ROUTES)
+    url = gateway.base_url + "/chat/completions"
+    for body in (b"{not json", b'{"model": "no-such-route", "messages": []}', b'{"model": "paid-only"}'):
+        assert httpx.post(url, content=body, headers={"content-type": "application/json"}).status_code >= 400
+    assert chat(gateway, "paid-only").status_code == 200
+    settle(gateway, 4)
+    with chromium(tmp_path / "chromium-profile") as page:
+        page.navigate(gateway.url + "/dashboard")
+        page.wait_for("document.querySelector('#status.live') !== null")
+        reasons = (
+            "Object.fromEntries([...document.querySelectorAll('#refused tr[data-reason]')]"
+            ".map(tr => [tr.dataset.reason, tr.querySelector('td.requests').textContent]))"
+        )
+        expected = {"invalid_json": "1", "model_not_found": "1", "invalid_request_error": "1"}
+        page.wait_for(reasons, equals=expected)
+        assert page.evaluate("document.getElementById('no-refused').hidden") is True
+        routes = "[...document.querySelectorAll('#routes tr[data-route]')].map(tr => tr.dataset.route)"
+        assert "" not in page.evaluate(routes), "the route-less refusals are no route of the table"

@@ -33,6 +33,7 @@ ROUTES = """
 # Every family the gateway exports (names as the exposition shows them, without _bucket/_sum/_count).
 EXPORTED = {
     "gateway_requests_total",
+    "gateway_refused_requests_total",
     "gateway_tokens_total",
     "gateway_spend_usd_total",
     "gateway_decisions_total",
@@ -106,7 +107,7 @@ def test_known_traffic_shows_in_every_metric(
     failed = [chat(gateway, "vllm-only") for _ in range(4)]
     assert [r.status_code for r in (*streams, paid, rescued)] == [200] * 4
     assert (capped.status_code, unknown.status_code, {r.status_code for r in failed}) == (429, 404, {502})
-    settle(gateway, 9)
+    settle(gateway, 10)  # nine served or failed, and the refused unknown route
     m = scrape(gateway)
 
     assert m.families >= EXPORTED, f"missing: {sorted(EXPORTED - m.families)}"
@@ -149,8 +150,10 @@ def test_known_traffic_shows_in_every_metric(
         sum(r["decode_tokens_per_s"] for r in stream_rows)
     )
     assert m("gateway_overhead_seconds_count", stream="true") == 2
-    # Non-streamed: paid, capped, rescued and the four failures.
-    assert m("gateway_overhead_seconds_count", stream="false") == 1 + 1 + 1 + 4
+    # Non-streamed: paid, capped, rescued, the four failures, and the unknown route (refused).
+    assert m("gateway_overhead_seconds_count", stream="false") == 1 + 1 + 1 + 4 + 1
+    assert m("gateway_refused_requests_total", reason="model_not_found") == 1
+    assert m("gateway_refused_requests_total", reason="budget_exhausted") == 1
 
     assert m("gateway_errors_total", origin="gateway", code="model_not_found") == 1
     assert m("gateway_errors_total", origin="gateway", code="budget_exhausted") == 1
@@ -169,7 +172,7 @@ def test_known_traffic_shows_in_every_metric(
     assert m("gateway_budget_remaining_usd", **capped_day) == 0
     assert m("gateway_budget_limit_usd", scope="route", name="capped", period="month") == 5
     assert m("gateway_budget_reserved_usd", **capped_day) == 0
-    assert m("gateway_ledger_rows_written_total") == 9
+    assert m("gateway_ledger_rows_written_total") == 10
     assert m("gateway_ledger_pending_rows") == 0
     assert m("gateway_ledger_rows_dropped_total") == m("gateway_ledger_write_errors_total") == 0
 
