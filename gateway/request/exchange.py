@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Awaitable, Callable, MutableMapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from gateway.backends import Upstream, UpstreamCall
@@ -40,6 +40,10 @@ class ClientRequest:
     prompt_chars: int
     prompt_tokens: int  # estimated from its characters, before any upstream counted them
     max_tokens: int | None
+    # Said back in the x-gateway-notes header: what the door accepted but changed or left out.
+    notes: list[str] = field(default_factory=list)
+    cache_key: str | None = None  # the client's prompt-cache key (Responses ``prompt_cache_key``)
+    door_state: Any = None  # what the door needs again to answer in its dialect (its own type)
 
 
 class Exchange:
