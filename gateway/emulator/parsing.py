@@ -110,9 +110,11 @@ def _tool_to_call(body: dict[str, Any]) -> dict[str, str]:
     parameters = function.get("parameters") if isinstance(function, dict) else None
     properties = parameters.get("properties") if isinstance(parameters, dict) else None
     required = parameters.get("required") if isinstance(parameters, dict) else None
-    for argument in required if isinstance(required, list) and isinstance(properties, dict) else ():
-        if isinstance(properties.get(argument), dict) and properties[argument].get("type") == "string":
-            return {"tool_name": name, "tool_argument": argument}
+    if isinstance(required, list) and isinstance(properties, dict):
+        for argument in required:
+            spec = properties.get(argument)
+            if isinstance(spec, dict) and spec.get("type") == "string":
+                return {"tool_name": name, "tool_argument": argument}
     return {"tool_name": name}
 
 
