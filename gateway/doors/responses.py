@@ -66,7 +66,7 @@ class ResponsesState:
     """What parsing learnt that answering needs: the tools' way back, whether to seal reasoning."""
 
     tools: Toolbox = field(default_factory=Toolbox)
-    sealer: Sealer | None = None  # set when the client asked for reasoning.encrypted_content
+    sealer: Sealer | None = None  # seals the answer's reasoning: the client asked for encrypted_content
     notes: list[str] = field(default_factory=list)
     cache_key: str | None = None
 
@@ -106,14 +106,14 @@ def chat_payload(request: dict[str, Any], state: ResponsesState | None = None) -
             more = item.get("tools")
             given_tools = given_tools + (more if isinstance(more, list) else [])
     state.tools = toolbox(given_tools)
-    state.sealer = _sealer(request, state.notes)
+    opener = _sealer(request, items, state)
     cache_key = request.get("prompt_cache_key")
     state.cache_key = cache_key if isinstance(cache_key, str) and cache_key else None
     messages: list[dict[str, Any]] = []
     instructions = request.get("instructions")
     if isinstance(instructions, str) and instructions:
         messages.append({"role": "system", "content": instructions})
-    history = History(messages, state.tools, state.sealer)
+    history = History(messages, state.tools, opener)
     for n, item in enumerate(items):
         history.add(item, f"input.{n}")
     payload: dict[str, Any] = {"model": request["model"], "messages": messages, "stream": stream}
@@ -142,13 +142,20 @@ def chat_payload(request: dict[str, Any], state: ResponsesState | None = None) -
     return payload
 
 
-def _sealer(request: dict[str, Any], notes: list[str]) -> Sealer | None:
+def _sealer(request: dict[str, Any], items: list[Any], state: ResponsesState) -> Sealer | None:
+    """The sealer that opens the input's sealed reasoning, if any; ``state.sealer`` seals the answer's
+    reasoning when the client asked for ``reasoning.encrypted_content``."""
     include = request.get("include") or []
     if not isinstance(include, list):
         raise InvalidRequest("'include' must be an array", param="include")
-    sealer = sealer_from()
-    if "reasoning.encrypted_content" in include and sealer is None:
-        notes.append(f"reasoning.encrypted_content left empty: {KEY_ENV} is not set")
+    asked = "reasoning.encrypted_content" in include
+    sealed = any(
+        isinstance(i, dict) and i.get("type") == "reasoning" and i.get("encrypted_content") for i in items
+    )
+    sealer = sealer_from() if asked or sealed else None
+    if asked and sealer is None:
+        state.notes.append(f"reasoning.encrypted_content left empty: {KEY_ENV} is not set")
+    state.sealer = sealer if asked else None
     return sealer
 
 

@@ -244,3 +244,8 @@ def test_another_key_cannot_open_a_blob() -> None:
     blob = Sealer("one key").seal("thoughts")
     assert Sealer("one key").open(blob) == "thoughts"
     assert Sealer("another key").open(blob) is None
+
+
+def test_reasoning_is_sealed_only_when_asked(gateway: Gateway) -> None:
+    reasoning = post(gateway, {"input": "think"}).json()["output"][0]
+    assert reasoning["type"] == "reasoning" and "encrypted_content" not in reasoning
