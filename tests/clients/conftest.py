@@ -3,6 +3,7 @@ three emulators), one per test, on free ports."""
 
 from __future__ import annotations
 
+import contextlib
 import sqlite3
 import time
 from collections.abc import Iterator
@@ -60,13 +61,22 @@ class Demo:
         return [body for _, body in sorted(seen, key=lambda pair: pair[0])]
 
 
-@pytest.fixture
-def demo(tmp_path: Path) -> Iterator[Demo]:
+@contextlib.contextmanager
+def running_demo(folder: Path, extra_routes: str = "") -> Iterator[Demo]:
+    """`gateway demo --quiet` on free ports, with its default policy plus ``extra_routes`` (YAML)."""
     ports = (free_port(), free_port(), free_port())
     port = free_port()
+    policy = policy_on_ports(folder, ports)
+    policy.write_text(policy.read_text().replace("\nroutes:\n", "\nroutes:\n" + extra_routes, 1))
     process: ProcessServer
-    process, _ = start_demo(tmp_path, policy_on_ports(tmp_path, ports), port, "--quiet")
+    process, _ = start_demo(folder, policy, port, "--quiet")
     try:
-        yield Demo(f"http://127.0.0.1:{port}", [f"http://127.0.0.1:{p}" for p in ports], tmp_path)
+        yield Demo(f"http://127.0.0.1:{port}", [f"http://127.0.0.1:{p}" for p in ports], folder)
     finally:
         process.stop()
+
+
+@pytest.fixture
+def demo(tmp_path: Path) -> Iterator[Demo]:
+    with running_demo(tmp_path) as running:
+        yield running

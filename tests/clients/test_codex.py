@@ -6,6 +6,7 @@ update check, analytics or feedback)."""
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import subprocess
@@ -13,10 +14,14 @@ from pathlib import Path
 
 import pytest
 
-from tests.clients.conftest import Demo
+from tests.clients.conftest import Demo, running_demo
+from tests.doors.ledger import ANSWER
 from tests.test_demo import readme_block
 
 REPO = Path(__file__).resolve().parents[2]
+# What Codex 0.171.0 asks for when its config names no model; for it, its tools come in an
+# additional_tools item, namespaced, and its only way to run commands is `exec`, a custom tool.
+CODEX_DEFAULT_MODEL = "gpt-6.2-sol"
 OFFLINE = ("check_for_update_on_startup=false", "analytics.enabled=false", "feedback.enabled=false")
 
 
@@ -33,23 +38,28 @@ def codex() -> str:
     return done.stdout.strip()
 
 
-def codex_home(demo: Demo) -> Path:
-    """An isolated CODEX_HOME holding the README's config.toml, pointed at this test's port."""
+def codex_home(demo: Demo, model_line: bool) -> Path:
+    """An isolated CODEX_HOME holding the README's config.toml, pointed at this test's port (and
+    without its ``model`` line when ``model_line`` is false: Codex then asks for its default)."""
     home = demo.folder / "codex-home"
     home.mkdir(exist_ok=True)
     config = readme_block("toml", "### Codex CLI").replace("http://127.0.0.1:8080", demo.url)
+    if not model_line:
+        config = config.replace('model = "kimi-k3"\n', "")
     (home / "config.toml").write_text(config)
     return home
 
 
-def run_codex(codex: str, demo: Demo, *args: str) -> subprocess.CompletedProcess[str]:
+def run_codex(
+    codex: str, demo: Demo, *args: str, model_line: bool = True
+) -> subprocess.CompletedProcess[str]:
     work = demo.folder / "work"
     work.mkdir(exist_ok=True)
     (work / "notes.txt").write_text("a file for Codex to see\n")
     env = {
         "PATH": os.environ["PATH"],
         "HOME": str(demo.folder),
-        "CODEX_HOME": str(codex_home(demo)),
+        "CODEX_HOME": str(codex_home(demo, model_line)),
         "GATEWAY_API_KEY": "unused-in-the-demo",
         "NO_PROXY": "127.0.0.1",
     }
@@ -83,3 +93,23 @@ def test_codex_exec_runs_a_tool_and_resumes_with_its_reasoning(codex: str, demo:
     last = demo.upstream_bodies()[-1]
     earlier = [m for m in last["messages"] if m["role"] == "assistant"]
     assert len(earlier) >= 2 and all(m.get("reasoning_content", "").startswith("think0 ") for m in earlier)
+
+
+def test_codex_with_its_default_model_runs_its_custom_exec_tool(codex: str, tmp_path: Path) -> None:
+    # A route named as Codex's default model (route aliases do this in a real policy).
+    route = f"  {CODEX_DEFAULT_MODEL}:\n    backends: [b300-vllm]\n"
+    with running_demo(tmp_path, route) as demo:
+        done = run_codex(codex, demo, "List the files in this folder.", model_line=False)
+        assert done.returncode == 0, done.stderr[-3000:]
+        assert f"model: {CODEX_DEFAULT_MODEL}" in done.stderr and "word0" in done.stdout
+        assert demo.errors_returned() == []
+        rows = demo.ledger_rows()
+        assert len(rows) >= 2 and {(r["route"], r["status"]) for r in rows} == {(CODEX_DEFAULT_MODEL, "ok")}
+        # Its tools arrived in an additional_tools item; the model called `exec` (custom: free-text
+        # JavaScript), Codex ran it and its output came back as the tool's result.
+        last = demo.upstream_bodies()[-1]
+        assert "exec" in [tool["function"]["name"] for tool in last["tools"]]
+        calls = [m["tool_calls"][0]["function"] for m in last["messages"] if m.get("tool_calls")]
+        assert calls[0]["name"] == "exec" and json.loads(calls[0]["arguments"]) == {"input": ANSWER}
+        results = [m["content"] for m in last["messages"] if m["role"] == "tool"]
+        assert results and "Script" in results[0]
