@@ -145,10 +145,10 @@ def chat_tool_choice(choice: Any, box: Toolbox) -> Any:
         raise InvalidRequest("'tool_choice' must be a string or an object", param="tool_choice")
     kind = choice.get("type")
     if kind in ("function", "custom"):
-        return {
-            "type": "function",
-            "function": {"name": box.chat_name(choice.get("name"), choice.get("namespace"))},
-        }
+        name = choice.get("name")
+        if not isinstance(name, str) or not name:
+            raise InvalidRequest(f"tool_choice: a {kind} choice needs a 'name'", param="tool_choice")
+        return {"type": "function", "function": {"name": box.chat_name(name, choice.get("namespace"))}}
     if kind == "allowed_tools":
         return choice.get("mode", "auto")
     raise InvalidRequest(

@@ -249,3 +249,14 @@ def test_another_key_cannot_open_a_blob() -> None:
 def test_reasoning_is_sealed_only_when_asked(gateway: Gateway) -> None:
     reasoning = post(gateway, {"input": "think"}).json()["output"][0]
     assert reasoning["type"] == "reasoning" and "encrypted_content" not in reasoning
+
+
+def test_a_forced_namespaced_function_is_forced_by_its_chat_name(
+    gateway: Gateway, upstreams: Upstreams
+) -> None:
+    choice = {"type": "function", "namespace": "collaboration", "name": "wait"}
+    reply = post(gateway, {"input": "wait", "tools": [FUNCTION, NAMESPACE], "tool_choice": choice})
+    assert reply.status_code == 200
+    assert upstream_body(upstreams)["tool_choice"] == {"type": "function", "function": {"name": "wait"}}
+    nameless = post(gateway, {"input": "wait", "tools": [FUNCTION], "tool_choice": {"type": "function"}})
+    assert nameless.status_code == 400 and nameless.json()["error"]["param"] == "tool_choice"
