@@ -73,7 +73,7 @@ class History:
             self._reasoning(item)
         elif kind == "additional_tools":
             return  # its tools were read with the request's own
-        elif kind in HOSTED_ITEMS:
+        elif isinstance(kind, str) and kind in HOSTED_ITEMS:
             return
         else:
             raise InvalidRequest(f"{where}: unsupported input item type {kind!r}", param="input")

@@ -89,7 +89,8 @@ def _unpack(
         function = {k: tool[k] for k in ("description", "parameters", "strict") if tool.get(k) is not None}
         flat.append((Offered(name, namespace), function))
     elif kind == "custom":
-        description = tool.get("description") or ""
+        given = tool.get("description")
+        description = given if isinstance(given, str) else ""
         fmt = tool.get("format")
         if isinstance(fmt, dict) and fmt.get("type") == "grammar":
             # No chat backend takes a grammar: the model sees it, so it can follow it unforced.
