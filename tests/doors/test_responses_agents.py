@@ -11,7 +11,7 @@ from typing import Any
 import httpx
 import pytest
 
-from gateway.doors.reasoning_seal import KEY_ENV, Sealer
+from gateway.doors.reasoning_seal import KEY_ENV, Sealer, ensure_key
 from gateway.doors.responses import RESPONSES, ResponsesState, chat_payload
 from tests.conftest import Gateway, Upstreams
 from tests.doors.ledger import ANSWER, THINKING
@@ -260,3 +260,13 @@ def test_a_forced_namespaced_function_is_forced_by_its_chat_name(
     assert upstream_body(upstreams)["tool_choice"] == {"type": "function", "function": {"name": "wait"}}
     nameless = post(gateway, {"input": "wait", "tools": [FUNCTION], "tool_choice": {"type": "function"}})
     assert nameless.status_code == 400 and nameless.json()["error"]["param"] == "tool_choice"
+
+
+def test_serve_makes_a_key_only_when_the_operator_set_none() -> None:
+    given = {KEY_ENV: "the fleet's key"}
+    ensure_key(given)
+    assert given == {KEY_ENV: "the fleet's key"}
+    empty: dict[str, str] = {}
+    ensure_key(empty)
+    made = empty[KEY_ENV]
+    assert len(made) >= 32 and Sealer(made).open(Sealer(made).seal("x")) == "x"
