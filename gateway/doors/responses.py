@@ -17,7 +17,7 @@ from gateway.api.responses import error_response
 from gateway.doors.openai import translated_request
 from gateway.doors.reasoning_seal import KEY_ENV, Sealer, sealer_from
 from gateway.doors.responses_input import History
-from gateway.doors.responses_tools import Toolbox, call_item, chat_tool_choice, drop_note, toolbox
+from gateway.doors.responses_tools import Toolbox, call_item, chat_tool_choice, tool_notes, toolbox
 from gateway.doors.sse import chat_usage, reasoning_of
 from gateway.errors import GatewayError, InvalidRequest
 from gateway.policy.compiled import CompiledPolicy
@@ -132,9 +132,7 @@ def chat_payload(request: dict[str, Any], state: ResponsesState | None = None) -
     choice = chat_tool_choice(request.get("tool_choice"), state.tools)
     if choice is not None:
         payload["tool_choice"] = choice
-    note = drop_note(state.tools)
-    if note:
-        state.notes.append(note)
+    state.notes += tool_notes(state.tools)
     if history.unopened:
         state.notes.append(
             f"{history.unopened} reasoning item(s) not sealed by this gateway (or altered) were left out"

@@ -44,6 +44,7 @@ class Toolbox:
     functions: list[dict[str, Any]] = field(default_factory=list)
     by_chat_name: dict[str, Offered] = field(default_factory=dict)
     dropped: list[str] = field(default_factory=list)  # hosted tool types left out
+    grammars: list[str] = field(default_factory=list)  # custom tools whose grammar nothing enforces
 
     def chat_name(self, name: Any, namespace: Any = None) -> str:
         """The chat function name of a call the client sends back (an earlier turn's call)."""
@@ -95,6 +96,7 @@ def _unpack(
         if isinstance(fmt, dict) and fmt.get("type") == "grammar":
             # No chat backend takes a grammar: the model sees it, so it can follow it unforced.
             description += f"\nThe input follows this {fmt.get('syntax')} grammar:\n{fmt.get('definition')}"
+            box.grammars.append(name)
         function = {"description": description.strip(), "parameters": CUSTOM_INPUT}
         flat.append((Offered(name, namespace, custom=True), function))
     elif namespace is None:  # a namespace (they do not nest)
@@ -103,11 +105,18 @@ def _unpack(
                 _unpack(inner, name, flat, box)
 
 
-def drop_note(box: Toolbox) -> str | None:
-    if not box.dropped:
-        return None
-    kinds = ", ".join(sorted(set(box.dropped)))
-    return f"hosted tools not run by this gateway's backends were left out: {kinds}"
+def tool_notes(box: Toolbox) -> list[str]:
+    """What the client should know about its tools: hosted ones left out, grammars not enforced."""
+    notes = []
+    if box.dropped:
+        kinds = ", ".join(sorted(set(box.dropped)))
+        notes.append(f"hosted tools not run by this gateway's backends were left out: {kinds}")
+    if box.grammars:
+        names = ", ".join(sorted(set(box.grammars))[:10])
+        notes.append(
+            f"custom tools offered as functions taking {{input}}, grammar shown but not enforced: {names}"
+        )
+    return notes
 
 
 def call_arguments(arguments: str, offered: Offered) -> str:

@@ -108,6 +108,7 @@ def test_codex_default_model_request_offers_its_additional_tools() -> None:
     exec_tool = next(t["function"] for t in payload["tools"] if t["function"]["name"] == "exec")
     assert exec_tool["parameters"]["required"] == ["input"] and "lark grammar" in exec_tool["description"]
     assert state.tools.offered("exec").custom and state.tools.offered("exec").namespace == "functions"
+    assert any(note.endswith("grammar shown but not enforced: exec") for note in state.notes)
     assert "reasoning_effort" in payload and payload["reasoning_effort"] == "low"
     assert all(m["role"] != "additional_tools" for m in payload["messages"])
 
