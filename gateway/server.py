@@ -23,6 +23,7 @@ from prometheus_client import CollectorRegistry, multiprocess, start_http_server
 from uvicorn.supervisors import Multiprocess
 
 from gateway.app import GatewayApp, create_app
+from gateway.doors.reasoning_seal import ensure_key
 from gateway.ledger.settings import resolve_ledger
 from gateway.policy.load import PolicyError
 from gateway.policy.reload import PolicyHolder
@@ -62,6 +63,7 @@ def serve(
         return 2
     for warning in holder.current.warnings:
         log.warning("policy warning: %s", warning)
+    ensure_key()  # before any worker starts, so all of them seal and open with one key
     public = not is_loopback(host)
     if public and not holder.current.api_keys and not allow_open:
         print(

@@ -30,6 +30,9 @@ export GATEWAY_TEST_POSTGRES
 step "real llama.cpp upstream (llama-server, built once from source and cached, + Gemma 3 270M GGUF)"
 bash tests/real/setup_llamacpp.sh
 
+step "agent clients: Codex CLI (npm @openai/codex, pinned, cached like llama-server)"
+bash tests/clients/setup_codex.sh >/dev/null
+
 step "format (ruff format --check)"
 .venv/bin/ruff format --check gateway tests bench
 

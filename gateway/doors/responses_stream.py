@@ -9,15 +9,19 @@ from __future__ import annotations
 
 from typing import Any
 
-from gateway.doors.responses import finished, function_item, item_id, message_item, reasoning_item
+from gateway.doors.responses import ResponsesState, finished, item_id, message_item, reasoning_item
+from gateway.doors.responses_tools import call_item
 from gateway.doors.sse import named_event, reasoning_of, upstream_objects
 
 
 class ResponsesStream:
-    __slots__ = ("_calls", "_finish", "_item", "_output", "_seq", "_shell", "_started", "_text", "_usage")
+    __slots__ = ("_calls", "_chat_name", "_finish", "_item", "_output", "_seq", "_shell", "_started",
+                 "_state", "_text", "_usage")  # fmt: skip
 
-    def __init__(self, shell: dict[str, Any]) -> None:
+    def __init__(self, shell: dict[str, Any], state: ResponsesState | None = None) -> None:
         self._shell = shell
+        self._state = ResponsesState() if state is None else state
+        self._chat_name = ""  # the open call's function name as the upstream knows it
         self._started = False
         self._seq = 0
         self._output: list[dict[str, Any]] = []  # finished items
@@ -77,15 +81,19 @@ class ResponsesStream:
         if call.get("index", 0) not in self._calls:
             self._close(out)
             name, call_id = function.get("name") or "", call.get("id") or item_id("call")
-            self._open(
-                out, "function_call", lambda: function_item(item_id("fc"), call_id, name, "", "in_progress")
-            )
+            self._chat_name = name
+            tools = self._state.tools
+            self._open(out, "call", lambda: call_item(item_id("fc"), call_id, name, "", tools, "in_progress"))
             self._calls[call.get("index", 0)] = len(self._output)
-        if function.get("arguments"):
-            out.append(self._delta("response.function_call_arguments.delta", function["arguments"]))
+        arguments = function.get("arguments")
+        if arguments and self._item is not None:
+            if self._item["type"] == "function_call":
+                out.append(self._delta("response.function_call_arguments.delta", arguments))
+            else:  # a custom tool's input is inside the JSON the model writes: sent whole at its end
+                self._text.append(arguments)
 
     def _open(self, out: list[bytes], kind: str, make: Any) -> None:
-        if self._item is not None and self._item["type"] == kind and kind != "function_call":
+        if self._item is not None and self._item["type"] == kind and kind != "call":
             return
         self._close(out)
         item = self._item = make()
@@ -116,18 +124,18 @@ class ResponsesStream:
                 self._event("response.content_part.done", **where, content_index=0, part=done["content"][0])
             )
         elif kind == "reasoning":
-            done = reasoning_item(item["id"], text)
+            done = reasoning_item(item["id"], text, sealer=self._state.sealer)
             out.append(self._event("response.reasoning_text.done", **where, content_index=0, text=text))
             out.append(
                 self._event("response.content_part.done", **where, content_index=0, part=done["content"][0])
             )
         else:
-            done = function_item(item["id"], item["call_id"], item["name"], text)
-            out.append(
-                self._event(
-                    "response.function_call_arguments.done", **where, name=item["name"], arguments=text
-                )
-            )
+            done = call_item(item["id"], item["call_id"], self._chat_name, text, self._state.tools)
+            if kind == "function_call":
+                out.append(self._event("response.function_call_arguments.done", **where, name=item["name"],
+                                       arguments=text))  # fmt: skip
+            else:
+                out.append(self._event("response.custom_tool_call_input.done", **where, input=done["input"]))
         out.append(self._event("response.output_item.done", output_index=index, item=done))
         self._output.append(done)
 

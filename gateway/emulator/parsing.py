@@ -36,6 +36,7 @@ class CompletionRequest:
     # A chat request offering tools whose last message is not a tool's result: the answer is a call to
     # the first tool (so clients can test a tool round trip); None otherwise.
     tool_name: str | None = None
+    tool_argument: str = "query"  # the string argument the call fills: the tool's first required one
 
 
 def _continuation(body: dict[str, Any], style: ContinuationStyle) -> str | None:
@@ -88,20 +89,33 @@ def parse_completion_request(
         include_usage=bool(stream) and options.get("include_usage") is True,
         continuous_usage_stats=bool(stream) and options.get("continuous_usage_stats") is True,
         continuation=_continuation(body, continuation_style) if endpoint == "chat" else None,
-        tool_name=_tool_to_call(body) if endpoint == "chat" else None,
+        **(_tool_to_call(body) if endpoint == "chat" else {}),
     )
 
 
-def _tool_to_call(body: dict[str, Any]) -> str | None:
+def _tool_to_call(body: dict[str, Any]) -> dict[str, str]:
+    """``tool_name`` and ``tool_argument`` of the call to answer with, if any. The argument is the
+    tool's first required string parameter, so an agent that runs the call (Codex's ``exec_command``
+    takes ``cmd``) gets arguments it accepts."""
     tools, messages = body.get("tools"), body.get("messages")
     if not isinstance(tools, list) or not tools or body.get("tool_choice") == "none":
-        return None
+        return {}
     last = messages[-1] if isinstance(messages, list) and messages else None
     if isinstance(last, dict) and last.get("role") == "tool":
-        return None
+        return {}
     function = tools[0].get("function") if isinstance(tools[0], dict) else None
     name = function.get("name") if isinstance(function, dict) else None
-    return name if isinstance(name, str) else None
+    if not isinstance(name, str):
+        return {}
+    parameters = function.get("parameters") if isinstance(function, dict) else None
+    properties = parameters.get("properties") if isinstance(parameters, dict) else None
+    required = parameters.get("required") if isinstance(parameters, dict) else None
+    if isinstance(required, list) and isinstance(properties, dict):
+        for argument in required:
+            spec = properties.get(argument)
+            if isinstance(spec, dict) and spec.get("type") == "string":
+                return {"tool_name": name, "tool_argument": argument}
+    return {"tool_name": name}
 
 
 def _messages_text(messages: Any) -> str:

@@ -198,6 +198,7 @@ class Emulator:
             reasoning_field=faults.reasoning_field,
             content_offset=content_offset,
             tool_name=parsed.tool_name if content else None,
+            tool_argument=parsed.tool_argument,
         )
         plan = Plan(
             prompt_tokens=parsed.prompt_tokens,

@@ -33,6 +33,7 @@ class Turn:
     reasoning_field: str  # vLLM: "reasoning" or "reasoning_content"
     content_offset: int = 0  # a continuation's answer words go on from here
     tool_name: str | None = None  # the answer is a call to this tool (its arguments are the answer tokens)
+    tool_argument: str = "query"  # the call's one argument, which holds the answer tokens
 
     @property
     def total_tokens(self) -> int:
@@ -55,9 +56,11 @@ class Turn:
 
     def tool_delta(self, index: int) -> Json:
         """The ``tool_calls`` delta of answer token ``index``: the call's head with the first, then
-        fragments of its JSON arguments ``{"query": "word0 word1 ..."}``."""
+        fragments of its JSON arguments ``{"query": "word0 word1 ..."}`` (or the tool's own argument)."""
         first, last = index == self.reasoning_tokens, index == self.total_tokens - 1
-        fragment = ('{"query": "' if first else "") + self.text(index) + ('"}' if last else "")
+        fragment = (
+            (f'{{"{self.tool_argument}": "' if first else "") + self.text(index) + ('"}' if last else "")
+        )
         call: Json = {"index": 0, "function": {"arguments": fragment}}
         if first:
             call.update(id=self.call_id, type="function")
@@ -65,7 +68,9 @@ class Turn:
         return {"tool_calls": [call]}
 
     def tool_calls(self) -> list[Json]:
-        arguments = '{"query": "' + self.joined(self.reasoning_tokens, self.total_tokens) + '"}'
+        arguments = (
+            f'{{"{self.tool_argument}": "' + self.joined(self.reasoning_tokens, self.total_tokens) + '"}'
+        )
         function = {"name": self.tool_name, "arguments": arguments}
         return [{"id": self.call_id, "type": "function", "function": function}]
 

@@ -319,6 +319,9 @@ def response_headers(exchange: Exchange, content_type: str) -> list[tuple[bytes,
         (b"x-gateway-decision", (observation.decision_reason or "").encode()),
         (b"x-gateway-attempts", str(len(observation.attempts)).encode()),
     ]
+    notes = exchange.client.notes if exchange.client is not None else None
+    if notes:
+        headers.append((b"x-gateway-notes", header_text("; ".join(notes))))
     if observation.queued_s > 0:
         headers.append((b"x-gateway-queued-s", f"{observation.queued_s:.3f}".encode()))
     # Settled cost when known (non-streaming); before a stream ends, the decision's estimate.
@@ -333,6 +336,11 @@ def response_headers(exchange: Exchange, content_type: str) -> list[tuple[bytes,
     if content_type == "text/event-stream":
         headers += [(b"cache-control", b"no-cache"), (b"x-accel-buffering", b"no")]
     return headers
+
+
+def header_text(text: str) -> bytes:
+    """Printable ASCII only, and bounded: a note may quote what the client sent."""
+    return "".join(c if " " <= c <= "~" else "?" for c in text[:1000]).encode()
 
 
 def final_error(failure: AttemptFailure | None, attempts: int, wall_now: float) -> GatewayError:
