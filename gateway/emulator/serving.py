@@ -30,6 +30,7 @@ from gateway.emulator.prefix_cache import PrefixCache
 from gateway.emulator.profiles import Profile
 from gateway.emulator.recording import RequestLog
 from gateway.emulator.replies import Abort, Part, Reply, Start
+from gateway.emulator.stream_errors import stream_error_tail
 from gateway.emulator.turn import Timings, Turn
 
 SSE_HEADERS = {"content-type": "text/event-stream; charset=utf-8", "cache-control": "no-cache"}
@@ -123,7 +124,7 @@ class Emulator:
         turn, plan = self._plan(parsed, faults)
         generation = self.engine.generation(plan)
         if parsed.stream:
-            return Reply(self._stream(turn, generation, faults.drop_after_chunks))
+            return Reply(self._stream(turn, generation, faults.drop_after_chunks, faults.error_after_chunks))
         return Reply(self._whole(turn, generation))
 
     def state(self) -> dict[str, Any]:
@@ -209,7 +210,7 @@ class Emulator:
         return turn, plan
 
     async def _stream(
-        self, turn: Turn, generation: Generation, drop_after: int | None
+        self, turn: Turn, generation: Generation, drop_after: int | None, error_after: int | None = None
     ) -> AsyncGenerator[Part, None]:
         yield Start(200, SSE_HEADERS)
         sent = 0
@@ -217,6 +218,10 @@ class Emulator:
             async for frame in frames:
                 if drop_after is not None and sent >= drop_after:
                     yield Abort()
+                    return
+                if error_after is not None and sent >= error_after:
+                    for event in stream_error_tail(self.profile.dialect, self._usage_so_far(turn, sent)):
+                        yield event
                     return
                 yield frame
                 sent += 1
@@ -238,6 +243,15 @@ class Emulator:
         for frame in dialect.tail(turn, self._timings(generation)):
             yield _sse(frame)
         yield b"data: [DONE]\n\n"
+
+    def _usage_so_far(self, turn: Turn, frames_sent: int) -> dict[str, Any] | None:
+        """The usage chunk of a stream cut after ``frames_sent`` frames, when the client asked for one."""
+        if not turn.include_usage or turn.omit_stream_usage:
+            return None
+        dialect = self.dialect
+        chunk = {**dialect.envelope(turn, stream=True), "choices": []}
+        chunk["usage"] = dialect.usage(turn, max(0, frames_sent - len(dialect.head(turn))))
+        return chunk
 
     async def _whole(self, turn: Turn, generation: Generation) -> AsyncGenerator[Part, None]:
         async with contextlib.aclosing(self.engine.run(generation)) as bursts:
