@@ -20,6 +20,7 @@ from gateway.emulator.dialects import dialect_for, openai_error
 from gateway.emulator.engine import Engine, Generation, Plan
 from gateway.emulator.faults import Faults, RateLimiter, retry_after_headers
 from gateway.emulator.parsing import (
+    THINK_CLOSE,
     BadRequest,
     CompletionRequest,
     ContinuationStyle,
@@ -35,10 +36,12 @@ from gateway.emulator.turn import Timings, Turn
 
 SSE_HEADERS = {"content-type": "text/event-stream; charset=utf-8", "cache-control": "no-cache"}
 JSON_TYPE = "application/json"
-# vLLM continues a final assistant message on request; the paid API takes Kimi's partial mode.
+# vLLM, SGLang and llama-server continue a final assistant message, each its own way (parsing.py);
+# the paid API takes Kimi's partial mode.
 CONTINUATION_STYLES: dict[str, ContinuationStyle] = {
     "vllm": "continue_final_message",
-    "sglang": "continue_final_message",
+    "sglang": "sglang",
+    "llamacpp": "llamacpp",
     "openai": "partial",
 }
 BOOTING_MESSAGE = {
@@ -170,7 +173,7 @@ class Emulator:
         content_offset = 0
         if parsed.continuation is not None:
             # Continuing an answer: no thinking again, and the words go on from where the text stopped.
-            content_offset = len(parsed.continuation.split())
+            content_offset = len(parsed.continuation.rsplit(THINK_CLOSE, 1)[-1].split())
             reasoning, content = 0, max(1, content - content_offset)
         finish_reason = "stop" if parsed.tool_name is None else "tool_calls"
         if parsed.max_tokens is not None and parsed.max_tokens < reasoning + content:
@@ -198,6 +201,7 @@ class Emulator:
             omit_stream_usage=faults.omit_stream_usage,
             reasoning_field=faults.reasoning_field,
             content_offset=content_offset,
+            answer_as_reasoning=not parsed.continuation_past_thinking,
             tool_name=parsed.tool_name if content else None,
         )
         plan = Plan(

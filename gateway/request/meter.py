@@ -30,6 +30,7 @@ class StreamMeter:
         "_sep",
         "_tail",
         "answer_chunks",
+        "continues_answer",
         "corrupt",
         "done",
         "final_usage",
@@ -46,8 +47,11 @@ class StreamMeter:
         client_wants_usage: bool,
         prompt_tokens: int,
         transcript: Transcript | None = None,
+        continues_answer: bool = False,
     ) -> None:
         self._attempt = attempt
+        # Continuing an answer another backend began: whatever it sends is answer, in whichever field.
+        self.continues_answer = continues_answer
         # What the client has been sent, kept only where a cut stream may be resumed elsewhere.
         self.transcript = transcript
         self._client_wants_usage = client_wants_usage
@@ -155,6 +159,11 @@ class StreamMeter:
                 return
             for field in REASONING_FIELDS:
                 text = delta.get(field)
+                if text and self.continues_answer:
+                    self._answer(now)
+                    if self.transcript is not None:
+                        self.transcript.answered(text, None)
+                    return
                 if text:
                     self._reasoning(now)
                     if self.transcript is not None:
