@@ -22,6 +22,9 @@ from tests.servers import ThreadedServer, threaded_server
 from tests.test_resume import HELLO, last_request, numbered, set_faults, settled, sse_events, stream_text
 
 PROFILES = {"vllm": "b300-vllm", "sglang": "h200-sglang", "llamacpp": "a100-llamacpp"}
+# Where the thinking so far goes in the prefill: the engines that render it as a closed think channel
+# (SGLang takes the prefix's content alone).
+THINKING_FIELD = {"vllm": "reasoning", "llamacpp": "reasoning_content"}
 
 
 @pytest.fixture(scope="module")
@@ -102,7 +105,11 @@ def test_a_continued_answer_arrives_as_content(
     assert asked["messages"][-1] == {
         "role": "assistant",
         "content": numbered("word", 6),
-        **({"reasoning": numbered("think", thinking)} if dialect == "vllm" and thinking else {}),
+        **(
+            {THINKING_FIELD[dialect]: numbered("think", thinking)}
+            if dialect in THINKING_FIELD and thinking
+            else {}
+        ),
     }
     assert asked["continue_final_message"] is True
     # SGLang has no add_generation_prompt field (it would ignore it); vLLM and llama-server refuse

@@ -12,9 +12,10 @@ attempt says so). Only chat streams are resumed.
 A continued answer is answer, whatever field the new backend puts it in: an engine's reasoning parser
 may start inside the think channel (SGLang's unless the prefix holds the think-end marker; vLLM's unless
 the rendered prompt's newest think marker closes it), and would stream the rest of the answer as
-reasoning. vLLM is given the thinking so far with the prefill (``reasoning``), which its chat template
-renders as a closed think channel; everywhere, once the transcript says the answer had begun, what the
-new backend sends as reasoning is measured and relayed as content.
+reasoning. vLLM and llama-server are given the thinking so far with the prefill (``reasoning``,
+``reasoning_content``), which they render as a closed think channel before the answer; everywhere, once
+the transcript says the answer had begun, what the new backend sends as reasoning is measured and
+relayed as content.
 """
 
 from __future__ import annotations
@@ -183,6 +184,10 @@ def continuation_body(
                 # streams what follows as content (renderers/chat_utils/chat_message.py:619-659,
                 # parser/abstract_parser.py:869-881 in vLLM 0.33.0).
                 prefill["reasoning"] = reasoning
+            elif backend.dialect == "llamacpp" and reasoning:
+                # llama-server renders it as a closed think block before the continued content
+                # (common/chat-auto-parser-generator.cpp:45-61): the model sees its own thinking.
+                prefill["reasoning_content"] = reasoning
         body["messages"] = [*payload["messages"], prefill]
     return orjson.dumps(body)
 
