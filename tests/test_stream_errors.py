@@ -25,6 +25,10 @@ from tests.servers import ThreadedServer, threaded_server
 from tests.spend.conftest import ledger_rows
 from tests.test_resume import HELLO, last_request, numbered, set_faults, settled, sse_events, stream_text
 
+# Tokens paced ~40 ms apart: the error event must come after the stream's first read (an error within
+# the first read is answered from elsewhere before a byte is sent, which the last test shows).
+PACED = 200
+
 
 def pool(name: str, url: str, dialect: str) -> str:
     return f"""
@@ -111,7 +115,7 @@ def test_an_error_event_then_done_is_resumed_on_a_candidate_of_the_same_family(
     second, sglang = other_pools
     failing_url = upstreams.vllm.url if failing == "pool-a" else sglang.url
     # The role chunk, 2 thinking tokens and word0..word4, then the engine's error event and [DONE].
-    set_faults(failing_url, reasoning_tokens=2, content_tokens=20, error_after_chunks=8)
+    set_faults(failing_url, reasoning_tokens=2, content_tokens=20, error_after_chunks=8, slowdown=PACED)
     set_faults(second.url, reasoning_tokens=2, content_tokens=20)
     response = ask(gateway, route)
     assert response.status_code == 200 and response.headers["x-gateway-backend"] == failing
@@ -138,7 +142,7 @@ def test_an_error_event_then_done_ends_with_an_error_event_where_nothing_can_res
     failing: str,
 ) -> None:
     failing_url = upstreams.vllm.url if failing == "pool-a" else other_pools[1].url
-    set_faults(failing_url, reasoning_tokens=0, content_tokens=20, error_after_chunks=5)
+    set_faults(failing_url, reasoning_tokens=0, content_tokens=20, error_after_chunks=5, slowdown=PACED)
     response = ask(gateway, route)
     assert response.status_code == 200
     events = sse_events(response.text)
@@ -158,7 +162,9 @@ def test_an_error_event_then_done_ends_with_an_error_event_where_nothing_can_res
 
 def test_the_openai_sdk_raises_on_the_error_event(gateway: Gateway, upstreams: Upstreams) -> None:
     """What an OpenAI client does with the gateway's error event: raises, after the words it had."""
-    set_faults(upstreams.vllm.url, reasoning_tokens=0, content_tokens=20, error_after_chunks=5)
+    set_faults(
+        upstreams.vllm.url, reasoning_tokens=0, content_tokens=20, error_after_chunks=5, slowdown=PACED
+    )
     client = openai.OpenAI(base_url=gateway.base_url, api_key="unused", max_retries=0)
     words: list[str] = []
     with pytest.raises(openai.APIError, match="mid-stream"):
