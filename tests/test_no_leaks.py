@@ -5,6 +5,7 @@ host, its key and a traceback has none of it reach a client, the ledger, /metric
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import logging
 import sqlite3
@@ -176,7 +177,6 @@ class ChattyUpstream:
         if self.stream_error and orjson.loads(body or b"{}").get("stream"):
             first = {"id": "c1", "object": "chat.completion.chunk", "created": 1, "model": "m"}
             first["choices"] = [{"index": 0, "delta": {"content": "hi"}, "finish_reason": None}]
-            events = b"data: " + orjson.dumps(first) + b"\n\ndata: " + orjson.dumps(error) + b"\n\n"
             await send(
                 {
                     "type": "http.response.start",
@@ -184,7 +184,18 @@ class ChattyUpstream:
                     "headers": [(b"content-type", b"text/event-stream")],
                 }
             )
-            await send({"type": "http.response.body", "body": events})
+            # The token first, on its own: an error in the very first read would be answered from
+            # elsewhere (a 502 here), not relayed mid-stream. Then the error event and [DONE], as vLLM.
+            await send(
+                {
+                    "type": "http.response.body",
+                    "body": b"data: " + orjson.dumps(first) + b"\n\n",
+                    "more_body": True,
+                }
+            )
+            await asyncio.sleep(0.2)
+            error_events = b"data: " + orjson.dumps(error) + b"\n\ndata: [DONE]\n\n"
+            await send({"type": "http.response.body", "body": error_events})
             return
         headers = [(b"content-type", b"application/json"), (b"server", CHATTY_HOST.encode())]
         headers.append((b"x-upstream-url", self.url.encode()))

@@ -24,6 +24,9 @@ class Faults(BaseModel):
     added_ttft_ms: float = Field(0.0, ge=0.0)  # emulated milliseconds before the first token
     hang: bool = False  # accept, then send nothing until the client leaves
     drop_after_chunks: int | None = Field(None, ge=0)  # abort the connection after N SSE frames
+    # After N SSE frames the generation fails: the engine's error event and what it sends after one
+    # (vLLM: [DONE]; SGLang: the usage chunk, [DONE]; llama-server: nothing), as ``stream_errors`` says.
+    error_after_chunks: int | None = Field(None, ge=0)
     slowdown: float = Field(1.0, gt=0.0)  # divides the decode speed
     seats: int | None = Field(None, ge=1)  # fewer running seats than the profile: a queue forms sooner
     rate_limit_rpm: int | None = Field(None, ge=1)  # 429 past N requests per rolling emulated minute

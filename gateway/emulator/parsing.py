@@ -12,10 +12,16 @@ from typing import Any, Literal
 from gateway.emulator.prefix_cache import CHARS_PER_TOKEN
 
 Endpoint = Literal["chat", "completions"]
-# How a server lets a client continue an assistant message it started: vLLM and SGLang with
-# ``continue_final_message`` (and ``add_generation_prompt: false``), Kimi's and DeepSeek's APIs with a
-# final assistant message marked ``partial`` / ``prefix``.
-ContinuationStyle = Literal["continue_final_message", "partial", "none"]
+# How a server lets a client continue an assistant message it started: vLLM with
+# ``continue_final_message`` and ``add_generation_prompt: false``; SGLang with ``continue_final_message``
+# alone (it has no ``add_generation_prompt`` field); llama-server as vLLM, or any trailing assistant
+# message (its ``prefill_assistant``, on by default); Kimi's and DeepSeek's APIs with a final assistant
+# message marked ``partial`` / ``prefix``.
+ContinuationStyle = Literal["continue_final_message", "sglang", "llamacpp", "partial", "none"]
+# Kimi K3's think-channel end marker (vLLM 0.33.0 reasoning/kimi_k3_reasoning_parser.py:101; SGLang's
+# kimi_k3 detector): a continued prefix that holds it tells SGLang's reasoning parser that thinking is
+# over (sglang/srt/parser/reasoning_parser.py:105-116 in 0.5.23).
+THINK_CLOSE = "<|close|>think<|sep|>"
 
 
 class BadRequest(ValueError):
@@ -33,6 +39,9 @@ class CompletionRequest:
     include_usage: bool
     continuous_usage_stats: bool
     continuation: str | None = None  # the assistant text this request asks to continue
+    # Whether the engine's reasoning parser knows the continued text is past the thinking: if not, the
+    # continued tokens come back in the reasoning field, as the real engines would send them.
+    continuation_past_thinking: bool = True
     # A chat request offering tools whose last message is not a tool's result: the answer is a call to
     # the first tool (so clients can test a tool round trip); None otherwise.
     tool_name: str | None = None
@@ -44,15 +53,38 @@ def _continuation(body: dict[str, Any], style: ContinuationStyle) -> str | None:
     last = messages[-1] if isinstance(messages, list) and messages else None
     if style == "none" or not isinstance(last, dict) or last.get("role") != "assistant":
         return None
-    if style == "continue_final_message":
-        if body.get("continue_final_message") is not True:
-            return None
+    asked = body.get("continue_final_message") not in (None, False)
+    if style in ("continue_final_message", "llamacpp") and asked:
         if body.get("add_generation_prompt", True) is not False:
             raise BadRequest("Cannot set both `continue_final_message` and `add_generation_prompt` to True.")
-    elif last.get("partial") is not True and last.get("prefix") is not True:
+    elif style == "sglang":
+        if body.get("continue_final_message") is not True:
+            return None
+    elif style == "partial":
+        if last.get("partial") is not True and last.get("prefix") is not True:
+            return None
+    elif style != "llamacpp":  # llama-server continues any trailing assistant message unasked
         return None
     content = last.get("content")
     return content if isinstance(content, str) else ""
+
+
+def _past_thinking(body: dict[str, Any], style: ContinuationStyle) -> bool:
+    """Whether a continued message's tokens come back as answer. vLLM: when the rendered prompt's newest
+    think marker closes the channel, as the chat template renders an assistant message that carries its
+    ``reasoning`` (vLLM 0.33.0 parser/abstract_parser.py:869-881, renderers/chat_utils/chat_message.py:
+    619-659). SGLang: only when the prefix holds the think-end marker (reasoning_parser.py:105-116; the
+    prefix is the message's content alone, serving_chat.py:515-548). llama-server: its continuation
+    resolves to content when the message has content (common/chat.cpp:1262-1269)."""
+    last = body["messages"][-1]
+    content = last.get("content")
+    closed = isinstance(content, str) and THINK_CLOSE in content
+    if style == "continue_final_message":
+        reasoning = last.get("reasoning")
+        return closed or (isinstance(reasoning, str) and bool(reasoning))
+    if style == "sglang":
+        return closed
+    return True
 
 
 def parse_completion_request(
@@ -79,6 +111,7 @@ def parse_completion_request(
         raise BadRequest("Stream options can only be defined when `stream=True`.")
     options = options or {}
     model = body.get("model")
+    continuation = _continuation(body, continuation_style) if endpoint == "chat" else None
     return CompletionRequest(
         endpoint=endpoint,
         model=model if isinstance(model, str) else None,
@@ -88,7 +121,8 @@ def parse_completion_request(
         stream=bool(stream),
         include_usage=bool(stream) and options.get("include_usage") is True,
         continuous_usage_stats=bool(stream) and options.get("continuous_usage_stats") is True,
-        continuation=_continuation(body, continuation_style) if endpoint == "chat" else None,
+        continuation=continuation,
+        continuation_past_thinking=continuation is None or _past_thinking(body, continuation_style),
         **(_tool_to_call(body) if endpoint == "chat" else {}),
     )
 

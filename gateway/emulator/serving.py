@@ -20,6 +20,7 @@ from gateway.emulator.dialects import dialect_for, openai_error
 from gateway.emulator.engine import Engine, Generation, Plan
 from gateway.emulator.faults import Faults, RateLimiter, retry_after_headers
 from gateway.emulator.parsing import (
+    THINK_CLOSE,
     BadRequest,
     CompletionRequest,
     ContinuationStyle,
@@ -30,14 +31,17 @@ from gateway.emulator.prefix_cache import PrefixCache
 from gateway.emulator.profiles import Profile
 from gateway.emulator.recording import RequestLog
 from gateway.emulator.replies import Abort, Part, Reply, Start
+from gateway.emulator.stream_errors import stream_error_tail
 from gateway.emulator.turn import Timings, Turn
 
 SSE_HEADERS = {"content-type": "text/event-stream; charset=utf-8", "cache-control": "no-cache"}
 JSON_TYPE = "application/json"
-# vLLM continues a final assistant message on request; the paid API takes Kimi's partial mode.
+# vLLM, SGLang and llama-server continue a final assistant message, each its own way (parsing.py);
+# the paid API takes Kimi's partial mode.
 CONTINUATION_STYLES: dict[str, ContinuationStyle] = {
     "vllm": "continue_final_message",
-    "sglang": "continue_final_message",
+    "sglang": "sglang",
+    "llamacpp": "llamacpp",
     "openai": "partial",
 }
 BOOTING_MESSAGE = {
@@ -123,7 +127,7 @@ class Emulator:
         turn, plan = self._plan(parsed, faults)
         generation = self.engine.generation(plan)
         if parsed.stream:
-            return Reply(self._stream(turn, generation, faults.drop_after_chunks))
+            return Reply(self._stream(turn, generation, faults.drop_after_chunks, faults.error_after_chunks))
         return Reply(self._whole(turn, generation))
 
     def state(self) -> dict[str, Any]:
@@ -169,7 +173,7 @@ class Emulator:
         content_offset = 0
         if parsed.continuation is not None:
             # Continuing an answer: no thinking again, and the words go on from where the text stopped.
-            content_offset = len(parsed.continuation.split())
+            content_offset = len(parsed.continuation.rsplit(THINK_CLOSE, 1)[-1].split())
             reasoning, content = 0, max(1, content - content_offset)
         finish_reason = "stop" if parsed.tool_name is None else "tool_calls"
         if parsed.max_tokens is not None and parsed.max_tokens < reasoning + content:
@@ -197,6 +201,7 @@ class Emulator:
             omit_stream_usage=faults.omit_stream_usage,
             reasoning_field=faults.reasoning_field,
             content_offset=content_offset,
+            answer_as_reasoning=not parsed.continuation_past_thinking,
             tool_name=parsed.tool_name if content else None,
             tool_argument=parsed.tool_argument,
         )
@@ -210,7 +215,7 @@ class Emulator:
         return turn, plan
 
     async def _stream(
-        self, turn: Turn, generation: Generation, drop_after: int | None
+        self, turn: Turn, generation: Generation, drop_after: int | None, error_after: int | None = None
     ) -> AsyncGenerator[Part, None]:
         yield Start(200, SSE_HEADERS)
         sent = 0
@@ -218,6 +223,10 @@ class Emulator:
             async for frame in frames:
                 if drop_after is not None and sent >= drop_after:
                     yield Abort()
+                    return
+                if error_after is not None and sent >= error_after:
+                    for event in stream_error_tail(self.profile.dialect, self._usage_so_far(turn, sent)):
+                        yield event
                     return
                 yield frame
                 sent += 1
@@ -239,6 +248,15 @@ class Emulator:
         for frame in dialect.tail(turn, self._timings(generation)):
             yield _sse(frame)
         yield b"data: [DONE]\n\n"
+
+    def _usage_so_far(self, turn: Turn, frames_sent: int) -> dict[str, Any] | None:
+        """The usage chunk of a stream cut after ``frames_sent`` frames, when the client asked for one."""
+        if not turn.include_usage or turn.omit_stream_usage:
+            return None
+        dialect = self.dialect
+        chunk = {**dialect.envelope(turn, stream=True), "choices": []}
+        chunk["usage"] = dialect.usage(turn, max(0, frames_sent - len(dialect.head(turn))))
+        return chunk
 
     async def _whole(self, turn: Turn, generation: Generation) -> AsyncGenerator[Part, None]:
         async with contextlib.aclosing(self.engine.run(generation)) as bursts:

@@ -32,6 +32,9 @@ class Turn:
     omit_stream_usage: bool
     reasoning_field: str  # vLLM: "reasoning" or "reasoning_content"
     content_offset: int = 0  # a continuation's answer words go on from here
+    # A continuation whose engine's reasoning parser still thinks it is inside the think channel: the
+    # answer words go out in the reasoning field (see parsing._past_thinking).
+    answer_as_reasoning: bool = False
     tool_name: str | None = None  # the answer is a call to this tool (its arguments are the answer tokens)
     tool_argument: str = "query"  # the call's one argument, which holds the answer tokens
 
@@ -40,7 +43,7 @@ class Turn:
         return self.reasoning_tokens + self.content_tokens
 
     def is_reasoning(self, index: int) -> bool:
-        return self.endpoint == "chat" and index < self.reasoning_tokens
+        return self.endpoint == "chat" and (index < self.reasoning_tokens or self.answer_as_reasoning)
 
     def text(self, index: int) -> str:
         if index < self.reasoning_tokens:

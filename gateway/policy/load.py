@@ -37,8 +37,14 @@ Env = Mapping[str, str] | None  # where api_key_env is looked up; None means os.
 PROBE_TOKENS = 1_000_000
 # How each dialect continues an answer unless the policy says: vLLM and SGLang servers take
 # ``continue_final_message``; a plain OpenAI-compatible API cannot be assumed to.
+# llama-server takes continue_final_message too (with add_generation_prompt false; llama.cpp
+# tools/server/server-common.cpp:1322-1336 as vendored by llama-cpp-python 0.3.36).
 DEFAULT_RESUME: Mapping[str, schema.ResumeStyle] = types.MappingProxyType(
-    {"vllm": "continue_final_message", "sglang": "continue_final_message"}
+    {
+        "vllm": "continue_final_message",
+        "sglang": "continue_final_message",
+        "llamacpp": "continue_final_message",
+    }
 )
 
 

@@ -20,8 +20,8 @@ OnBudgetExhausted = Literal["fallback_cheaper", "reject"]
 OnStoreFailure = Literal["fail_open", "fail_closed"]
 WaitOrder = Literal["fifo", "deadline"]
 # How a backend continues an assistant answer another backend started (a stream resumed after a cut):
-# vLLM and SGLang's ``continue_final_message``, Kimi's and DeepSeek's ``partial`` final assistant
-# message, an Anthropic-style assistant prefill, or not at all.
+# vLLM, SGLang and llama-server's ``continue_final_message``, Kimi's and DeepSeek's ``partial`` final
+# assistant message, an Anthropic-style assistant prefill, or not at all.
 ResumeStyle = Literal["continue_final_message", "partial", "assistant_prefill", "none"]
 BackendName = Annotated[str, Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$", max_length=64)]
 RouteName = Annotated[str, Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9._:/-]*$", max_length=128)]
@@ -104,7 +104,8 @@ class Backend(Strict):
     # The model this backend serves, for telling whether another backend can continue its answers;
     # defaults to ``model``. Give the same family to backends that serve the same weights.
     family: str | None = None
-    # How it continues an answer cut elsewhere; default: continue_final_message for vllm, else none.
+    # How it continues an answer cut elsewhere; default: continue_final_message for vllm, sglang and
+    # llamacpp, else none.
     resume: ResumeStyle | None = None
     # Privacy: whether the client's identifying metadata (OpenAI ``user``, ``safety_identifier``,
     # ``metadata``, Codex ``client_metadata``, Anthropic ``metadata.user_id``) goes to this backend.

@@ -1,6 +1,6 @@
 """The stream meter: splits an upstream's SSE bytes into events and measures each once, on the way
-through: first reasoning and first answer times, chunk counts, usage, the end of the stream, an
-upstream's error event (held back, scrubbed) and an event no client could read (the stream is broken).
+through: first reasoning and first answer times, chunk counts, usage, the end of the stream, and what
+breaks it: an event no client could read, or the upstream's own error event (``failure``).
 """
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any
 
 import orjson
 
-from gateway.errors import scrubbed_error
+from gateway.errors import AttemptFailure, scrubbed
 from gateway.request.dialect import REASONING_FIELDS, counted_usage, usage_from
 from gateway.request.observation import Attempt, Usage
 
@@ -27,10 +27,10 @@ class StreamMeter:
         "_attempt",
         "_client_wants_usage",
         "_prompt_tokens",
-        "_scrubbed",
         "_sep",
         "_tail",
         "answer_chunks",
+        "continues_answer",
         "corrupt",
         "done",
         "final_usage",
@@ -47,8 +47,11 @@ class StreamMeter:
         client_wants_usage: bool,
         prompt_tokens: int,
         transcript: Transcript | None = None,
+        continues_answer: bool = False,
     ) -> None:
         self._attempt = attempt
+        # Continuing an answer another backend began: whatever it sends is answer, in whichever field.
+        self.continues_answer = continues_answer
         # What the client has been sent, kept only where a cut stream may be resumed elsewhere.
         self.transcript = transcript
         self._client_wants_usage = client_wants_usage
@@ -61,8 +64,7 @@ class StreamMeter:
         self.done = False
         self.corrupt = False  # an event no client can read came by: the stream is broken there
         self.final_usage = False  # the usage-only chunk for the client went by: it gets the cost
-        self.upstream_error: Any = None
-        self._scrubbed: bytes | None = None  # the upstream's error event, as the client may see it
+        self.upstream_error: Any = None  # the upstream's error event: the stream failed there
 
     def saw_done(self) -> bool:
         """Whether ``data: [DONE]`` went by: the stream is complete for the client."""
@@ -97,10 +99,9 @@ class StreamMeter:
                 kept.append(event)
             else:
                 dropped = True
-                if self._scrubbed is not None:
-                    kept.append(self._scrubbed)
-                    self._scrubbed = None
-                if self.corrupt:  # nothing after it is forwarded; the relay ends the stream here
+                if self.corrupt or self.upstream_error is not None:
+                    # Nothing after it is forwarded (an engine's [DONE] after its error event included):
+                    # the relay ends the stream here, or resumes it elsewhere.
                     self._tail = b""
                     break
         if not dropped:
@@ -132,11 +133,10 @@ class StreamMeter:
         choices = obj.get("choices")
         if not choices:
             if "error" in obj:
+                # vLLM and SGLang end a generation that failed with this event and then [DONE] (SGLang
+                # with a usage chunk between): the answer is cut here, whatever follows, and the client
+                # gets the resumed answer or the relay's error event, never a clean end.
                 self.upstream_error = obj["error"]
-                # Where the stream may be resumed, the client sees the resumed answer or our own error;
-                # elsewhere the upstream's, in words scrubbed of its URL, host, keys and traceback.
-                if transcript is None:
-                    self._scrubbed = b"data: " + orjson.dumps({"error": scrubbed_error(obj["error"])})
                 return False
             if usage and self._client_wants_usage:
                 self.final_usage = True
@@ -159,6 +159,11 @@ class StreamMeter:
                 return
             for field in REASONING_FIELDS:
                 text = delta.get(field)
+                if text and self.continues_answer:
+                    self._answer(now)
+                    if self.transcript is not None:
+                        self.transcript.answered(text, None)
+                    return
                 if text:
                     self._reasoning(now)
                     if self.transcript is not None:
@@ -179,6 +184,21 @@ class StreamMeter:
         self.reasoning_chunks += 1
         if self._attempt.ttft_s is None:
             self._attempt.ttft_s = now - self._attempt.started_at
+
+    def failure(self, backend: str) -> AttemptFailure | None:
+        """What broke the stream, if something did: an event no client can read (``dropped``), or the
+        upstream's error event (``upstream_error``, with the status it names, so that a 4xx is not counted
+        against the backend's health), in words scrubbed of URLs, hosts, keys and tracebacks."""
+        if self.corrupt:
+            return AttemptFailure("dropped", f"{backend}: {CORRUPT}")
+        error = self.upstream_error
+        if error is None:
+            return None
+        said = error.get("message") if isinstance(error, dict) else error
+        code = error.get("code") if isinstance(error, dict) else None
+        status = code if type(code) is int and 400 <= code <= 599 else None
+        message = f"{backend}: the upstream reported an error mid-stream: {scrubbed(str(said or ''))}"
+        return AttemptFailure("upstream_error", message, http_status=status)
 
     def usage_so_far(self) -> Usage:
         """The upstream's usage figure when it gave one, else the gateway's count."""

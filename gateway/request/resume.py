@@ -2,11 +2,20 @@
 
 The relay has seen every event it passed on, so it knows the answer so far (``Transcript``). When the
 upstream breaks off, the next candidate of the same model family is asked to continue that answer
-(vLLM and SGLang: ``continue_final_message``; Kimi-style APIs: a ``partial`` final assistant message;
-Anthropic-style: an assistant prefill), and its events are rewritten (``ContinuedEvents``) so the client
-reads one stream: the same ``id``, no second role delta, and a single usage at the end that sums what
-each backend generated. A cut during thinking, before any answer, restarts the request on the new
-backend (its thinking starts over; the attempt says so). Only chat streams are resumed.
+(vLLM, SGLang and llama-server: ``continue_final_message``; Kimi-style APIs: a ``partial`` final
+assistant message; Anthropic-style: an assistant prefill), and its events are rewritten
+(``ContinuedEvents``) so the client reads one stream: the same ``id``, no second role delta, the continued
+answer as ``content``, and a single usage at the end that sums what each backend generated. A cut during
+thinking, before any answer, restarts the request on the new backend (its thinking starts over; the
+attempt says so). Only chat streams are resumed.
+
+A continued answer is answer, whatever field the new backend puts it in: an engine's reasoning parser
+may start inside the think channel (SGLang's unless the prefix holds the think-end marker; vLLM's unless
+the rendered prompt's newest think marker closes it), and would stream the rest of the answer as
+reasoning. vLLM and llama-server are given the thinking so far with the prefill (``reasoning``,
+``reasoning_content``), which they render as a closed think channel before the answer; everywhere, once
+the transcript says the answer had begun, what the new backend sends as reasoning is measured and
+relayed as content.
 """
 
 from __future__ import annotations
@@ -18,6 +27,7 @@ import orjson
 
 from gateway.backends import UpstreamCall
 from gateway.errors import AttemptFailure
+from gateway.request.dialect import REASONING_FIELDS
 from gateway.request.meter import StreamMeter
 from gateway.request.observation import Attempt, Usage
 
@@ -112,12 +122,17 @@ async def resume_stream(exchange: Exchange, meter: StreamMeter, failure: Attempt
             continue
         attempt = exchange.begin_attempt(name)
         attempt.resumed = "continued" if answer else "restarted"
-        body = continuation_body(client.payload, backend, answer, client.max_tokens, generated)
+        reasoning = "".join(transcript.reasoning)
+        body = continuation_body(client.payload, backend, answer, reasoning, client.max_tokens, generated)
         call = UpstreamCall(
             backend, "/chat/completions", body, True, min(backend.timeouts.first_byte_s, remaining)
         )
         next_meter = StreamMeter(
-            attempt, client_wants_usage=False, prompt_tokens=client.prompt_tokens, transcript=transcript
+            attempt,
+            client_wants_usage=False,
+            prompt_tokens=client.prompt_tokens,
+            transcript=transcript,
+            continues_answer=bool(answer),
         )
         try:
             upstream = await exchange.open(call)
@@ -137,9 +152,15 @@ async def resume_stream(exchange: Exchange, meter: StreamMeter, failure: Attempt
 
 
 def continuation_body(
-    payload: dict[str, Any], backend: CompiledBackend, answer: str, max_tokens: int | None, generated: int
+    payload: dict[str, Any],
+    backend: CompiledBackend,
+    answer: str,
+    reasoning: str,
+    max_tokens: int | None,
+    generated: int,
 ) -> bytes:
-    """The client's request, asking ``backend`` to go on from ``answer`` (or to start over without one)."""
+    """The client's request, asking ``backend`` to go on from ``answer`` (or to start over without one);
+    ``reasoning`` is the thinking that came before it."""
     body = dict(payload)
     body["model"] = backend.model
     body["stream"] = True
@@ -151,10 +172,23 @@ def continuation_body(
         prefill: dict[str, Any] = {"role": "assistant", "content": answer}
         if backend.resume == "partial":
             prefill["partial"] = True
-        body["messages"] = [*payload["messages"], prefill]
         if backend.resume == "continue_final_message":
             body["continue_final_message"] = True
-            body["add_generation_prompt"] = False
+            # vLLM and llama-server refuse continue_final_message with add_generation_prompt (it defaults
+            # to true in both); SGLang has no such request field and would ignore it.
+            if backend.dialect != "sglang":
+                body["add_generation_prompt"] = False
+            if backend.dialect == "vllm" and reasoning:
+                # vLLM hands an assistant message's ``reasoning`` to the chat template, which renders it
+                # as a closed think channel: its parser then reads the prompt's reasoning as ended and
+                # streams what follows as content (renderers/chat_utils/chat_message.py:619-659,
+                # parser/abstract_parser.py:869-881 in vLLM 0.33.0).
+                prefill["reasoning"] = reasoning
+            elif backend.dialect == "llamacpp" and reasoning:
+                # llama-server renders it as a closed think block before the continued content
+                # (common/chat-auto-parser-generator.cpp:45-61): the model sees its own thinking.
+                prefill["reasoning_content"] = reasoning
+        body["messages"] = [*payload["messages"], prefill]
     return orjson.dumps(body)
 
 
@@ -206,10 +240,13 @@ class ContinuedEvents:
         choices = obj.get("choices")
         if not choices:
             return None
+        continued = self._attempt.resumed == "continued"
         for choice in choices:
             delta = choice.get("delta") if isinstance(choice, dict) else None
             if isinstance(delta, dict):
                 delta.pop("role", None)  # the client had its role delta from the first backend
+                if continued:  # the rest of an answer, even where the backend's parser took it for thinking
+                    _as_content(delta)
                 if not any(delta.values()) and choice.get("finish_reason") is None:
                     return None  # nothing left in it
         return b"data: " + orjson.dumps(obj)
@@ -230,6 +267,13 @@ class ContinuedEvents:
             cost, basis = self._exchange.runtime.cost_so_far(self._exchange, self._attempt, usage)
             chunk["usage"]["cost"], chunk["usage"]["cost_basis"] = round(cost, 10), basis or ""
         return chunk
+
+
+def _as_content(delta: dict[str, Any]) -> None:
+    for field in REASONING_FIELDS:
+        text = delta.pop(field, None)
+        if isinstance(text, str) and text:
+            delta["content"] = (delta.get("content") or "") + text
 
 
 def usage_json(parts: list[Usage | None]) -> dict[str, Any]:

@@ -18,7 +18,7 @@ from gateway.errors import AttemptFailure, error_bytes
 from gateway.request.connection import DirectBody, direct_body
 from gateway.request.dialect import insert_usage_cost
 from gateway.request.drain import SHUTDOWN_CODE, SHUTDOWN_MESSAGE
-from gateway.request.meter import CORRUPT, StreamMeter
+from gateway.request.meter import StreamMeter
 from gateway.request.observation import Attempt
 from gateway.request.resume import resume_stream
 
@@ -27,6 +27,10 @@ if TYPE_CHECKING:
     from gateway.request.exchange import Exchange
 
 DRAIN_TIMEOUT_S = 1.0
+# The code of the error event that ends a stream, by what ended it. An error event has no [DONE] after
+# it: the OpenAI SDK raises on the error event itself (openai 3.57 _streaming.py:96-107), and a client
+# that only waits for [DONE] must not take a cut answer for a finished one.
+STREAM_ERROR_CODES = {"timeout": "upstream_timeout", "upstream_error": "upstream_stream_error"}
 Clock = Callable[[], float]
 Send = Callable[[dict[str, Any]], Awaitable[None]]
 Receive = Callable[[], Awaitable[MutableMapping[str, Any]]]
@@ -39,14 +43,17 @@ async def first_events(upstream: Upstream, meter: StreamMeter, call: UpstreamCal
     def take(data: bytes) -> bool:
         nonlocal first
         first = meter.feed(data, clock())
-        return not first and not meter.corrupt
+        return not first and meter.failure(call.backend.name) is None
 
     try:
         async with asyncio.timeout(call.wait_s):
             while not first:
                 ended = await upstream.push(take)
-                if meter.corrupt:
-                    raise AttemptFailure("dropped", f"{call.backend.name}: {CORRUPT}")
+                # Broken before the client saw a byte (its first read may hold tokens, then an error
+                # event): the whole answer can still come from elsewhere.
+                broken = meter.failure(call.backend.name)
+                if broken is not None:
+                    raise broken
                 if ended and not first:
                     raise AttemptFailure(
                         "dropped", f"{call.backend.name}: stream ended before its first event"
@@ -129,8 +136,14 @@ class StreamRelay:
             failure = await self._pump(send)
             if failure is None:
                 break
-            self._attempt.status = "timeout" if failure.kind == "timeout" else "dropped"
-            self._attempt.error = failure.message
+            attempt = self._attempt
+            if failure.kind == "timeout":
+                attempt.status = "timeout"
+            elif failure.kind == "upstream_error":  # its error event: counted as the backend's failure
+                attempt.status, attempt.http_status = "upstream_error", failure.http_status
+            else:
+                attempt.status = "dropped"
+            attempt.error = failure.message
             resumed = None
             stopping = self._exchange.runtime.drain.ended  # the gateway ended it: no resuming elsewhere
             if self._meter.transcript is not None and not stopping:
@@ -143,7 +156,7 @@ class StreamRelay:
                 code = SHUTDOWN_CODE
             if resumed is None:
                 if not stopping:
-                    code = "upstream_timeout" if failure.kind == "timeout" else "upstream_stream_broken"
+                    code = STREAM_ERROR_CODES.get(failure.kind, "upstream_stream_broken")
                 translator = self._translator
                 event = (
                     error_event(failure.message, code)
@@ -180,8 +193,9 @@ class StreamRelay:
                     body = b"".join(self._pending)
                     self._pending.clear()
                     await send({"type": "http.response.body", "body": body, "more_body": True})
-                if meter.corrupt:
-                    raise AttemptFailure("dropped", f"{self._attempt.backend}: {CORRUPT}")
+                broken = meter.failure(self._attempt.backend)
+                if broken is not None:
+                    raise broken
                 if ended:
                     break
             if not meter.saw_done():
@@ -212,7 +226,7 @@ class StreamRelay:
         except Exception as exc:  # a bug of ours must not surface in the upstream's protocol
             self._failed = exc
             return False
-        return not (meter.corrupt or meter.done)
+        return not (meter.corrupt or meter.done or meter.upstream_error is not None)
 
     def _outgoing(self, out: bytes, *, rewritten: bool = False) -> bytes:
         if self._rewrite is not None and not rewritten:

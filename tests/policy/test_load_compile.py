@@ -251,7 +251,7 @@ def test_tuning_errors_name_the_field() -> None:
 def test_streams_resume_by_default_where_every_candidate_serves_one_family() -> None:
     policy = load_policy(Path(__file__).resolve().parents[2] / "policies" / "default.yaml")
     assert policy.backends["b300-vllm"].resume == "continue_final_message"  # the vllm default
-    assert policy.backends["a100-llamacpp"].resume == "none"
+    assert policy.backends["a100-llamacpp"].resume == "continue_final_message"  # llama-server takes it too
     assert policy.backends["paid-api"].resume == "partial"
     assert all(route.resume_streams for route in policy.routes.values())
     # Different models by default (family = model): no resume unless the policy turns it on.

@@ -67,8 +67,8 @@ def feed_all(pieces: list[bytes], wants_usage: bool) -> tuple[bytes, tuple[Any, 
     out = b""
     for piece in pieces:
         out += meter.feed(piece, 1.0)
-        if meter.corrupt:  # where the relay stops reading (a corrupt event ends the stream)
-            break
+        if meter.corrupt or meter.upstream_error is not None:  # where the relay stops reading (a
+            break  # corrupt event or the upstream's error event ends the stream)
     state = (meter.answer_chunks, meter.reasoning_chunks, meter.usage_obj, meter.done, meter.corrupt)
     return out, state
 
