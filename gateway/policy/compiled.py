@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from fnmatch import fnmatchcase
 
 from gateway.policy.schema import (
     Accounting,
@@ -22,6 +23,7 @@ from gateway.policy.schema import (
     Signals,
     Slo,
     StoreSettings,
+    SystemMessages,
     Thinking,
     Timeouts,
     Tuning,
@@ -74,6 +76,9 @@ class CompiledBackend:
     prior_prefill_tokens_per_s: float = 10_000.0
     family: str = ""  # the model it serves (its ``model`` unless the policy says otherwise)
     resume: ResumeStyle = "none"  # how it continues an answer another backend started
+    # Where mid-conversation system messages go; None: as its dialect's chat templates need
+    # (gateway.backends.chat_shape knows the dialects).
+    system_messages: SystemMessages | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -98,6 +103,7 @@ class CompiledRoute:
         )
 
     resume_streams: bool = False  # a stream cut mid-way continues on another candidate
+    aliases: tuple[str, ...] = ()  # other model ids (exact or globs) that name this route
 
 
 @dataclass(frozen=True, slots=True)
@@ -120,3 +126,17 @@ class CompiledPolicy:
     tuning: Tuning = field(default_factory=Tuning)
     keys_file: str | None = None  # auth.keys_file resolved against the policy's directory
     server: Server = field(default_factory=Server)  # limits per process: in flight, headers, body
+    # Route aliases: exact ids to route names, and globs (longest first) with their route names.
+    exact_aliases: Mapping[str, str] = field(default_factory=dict)
+    glob_aliases: tuple[tuple[str, str], ...] = ()
+
+    def route_for(self, model: str) -> CompiledRoute | None:
+        """The route a client's model id names: a route's own name, an exact alias, or the longest
+        matching glob (a more specific pattern wins; ties go to the one declared first)."""
+        route = self.routes.get(model)
+        if route is not None:
+            return route
+        name = self.exact_aliases.get(model)
+        if name is None:
+            name = next((route for glob, route in self.glob_aliases if fnmatchcase(model, glob)), None)
+        return None if name is None else self.routes.get(name)

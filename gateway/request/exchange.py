@@ -40,6 +40,10 @@ class ClientRequest:
     prompt_chars: int
     prompt_tokens: int  # estimated from its characters, before any upstream counted them
     max_tokens: int | None
+    # What the door left out or changed (a hosted tool dropped, say), said in ``x-gateway-notes``;
+    # the backend's own notes (``backends.chat_shape``) are those of the attempt that answered.
+    notes: tuple[str, ...] = ()
+    upstream_notes: tuple[str, ...] = ()
 
 
 class Exchange:

@@ -18,6 +18,7 @@ from starlette.responses import Response
 from starlette.types import Receive, Scope, Send
 
 from gateway.backends import UpstreamCall
+from gateway.backends.chat_shape import shaped
 from gateway.doors import Door
 from gateway.errors import (
     AttemptFailure,
@@ -31,6 +32,7 @@ from gateway.errors import (
     UpstreamTimeout,
 )
 from gateway.money.costs import bounded_max_tokens
+from gateway.policy.compiled import CompiledBackend
 from gateway.request.auth import authorize_route
 from gateway.request.dialect import insert_usage_cost, read_completion, unusable_answer
 from gateway.request.drain import SHUTDOWN_CODE, UNANSWERED_MESSAGE
@@ -155,7 +157,7 @@ async def attempt_in_order(
         if failure is not None:  # the answer will say it came from a fallback, and why
             observation.decision_reason = f"fallback_after_{failure.kind}"
         attempt = exchange.begin_attempt(name)
-        path, body = exchange.door.upstream_path, upstream_body(client, backend.model)
+        path, body = exchange.door.upstream_path, upstream_body(client, backend)
         try:
             if client.stream:
                 wait_s = min(backend.timeouts.first_byte_s, remaining)
@@ -281,11 +283,14 @@ async def shed(runtime: Runtime, door: Door, scope: Scope, receive: Receive, sen
     await door.error_response(refusal)(scope, receive, send)
 
 
-def upstream_body(client: ClientRequest, model: str) -> bytes:
-    """The client's body with the backend's model name; streams always ask for usage (stripped again
-    by the relay when the client did not ask), so every streamed token is accounted for."""
-    payload: dict[str, Any] = dict(client.payload)
-    payload["model"] = model
+def upstream_body(client: ClientRequest, backend: CompiledBackend) -> bytes:
+    """The client's body with the backend's model name, shaped as its engine takes it (system messages,
+    reasoning knobs: ``backends.chat_shape``, whose notes the answer's headers carry); streams always
+    ask for usage (stripped again by the relay when the client did not ask), so every streamed token
+    is accounted for."""
+    shaped_payload, client.upstream_notes = shaped(client.payload, backend)
+    payload: dict[str, Any] = dict(shaped_payload)
+    payload["model"] = backend.model
     if client.stream:
         payload["stream_options"] = {**(client.payload.get("stream_options") or {}), "include_usage": True}
     return orjson.dumps(payload)
@@ -305,6 +310,10 @@ def response_headers(exchange: Exchange, content_type: str) -> list[tuple[bytes,
     ]
     if observation.queued_s > 0:
         headers.append((b"x-gateway-queued-s", f"{observation.queued_s:.3f}".encode()))
+    client = exchange.client
+    if client is not None and (client.notes or client.upstream_notes):
+        notes = "; ".join((*client.notes, *client.upstream_notes))
+        headers.append((b"x-gateway-notes", notes.encode("ascii", "replace")))
     # Settled cost when known (non-streaming); before a stream ends, the decision's estimate.
     settled = observation.cost_usd is not None
     cost = observation.cost_usd if settled else observation.expected_cost_usd

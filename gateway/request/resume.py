@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 import orjson
 
 from gateway.backends import UpstreamCall
+from gateway.backends.chat_shape import shaped
 from gateway.errors import AttemptFailure
 from gateway.request.meter import StreamMeter
 from gateway.request.observation import Attempt, Usage
@@ -139,7 +140,9 @@ async def resume_stream(exchange: Exchange, meter: StreamMeter, failure: Attempt
 def continuation_body(
     payload: dict[str, Any], backend: CompiledBackend, answer: str, max_tokens: int | None, generated: int
 ) -> bytes:
-    """The client's request, asking ``backend`` to go on from ``answer`` (or to start over without one)."""
+    """The client's request, asking ``backend`` to go on from ``answer`` (or to start over without one),
+    shaped as that backend takes it (``backends.chat_shape``)."""
+    payload = shaped(payload, backend)[0]
     body = dict(payload)
     body["model"] = backend.model
     body["stream"] = True
