@@ -101,7 +101,7 @@ def chat_payload(request: dict[str, Any], notes: list[str] | None = None) -> dic
     tools = request.get("tools")
     if tools is not None and not isinstance(tools, list):
         raise InvalidRequest("tools: must be an array", param="tools")
-    hosted = chat_tools(tools or [], payload, notes)
+    hosted = chat_tools(tools or [], messages, payload, notes)
     choice = request.get("tool_choice")
     if isinstance(choice, dict):
         if choice.get("type") == "tool" and choice.get("name") in hosted:

@@ -21,30 +21,66 @@ BUDGET_EFFORTS = ((4_096, "low"), (16_384, "medium"))
 THINKING_TYPES = ("enabled", "adaptive", "disabled")
 
 
-def chat_tools(tools: list[Any], payload: dict[str, Any], notes: list[str]) -> dict[str, str]:
+def chat_tools(
+    tools: list[Any], messages: list[Any], payload: dict[str, Any], notes: list[str]
+) -> dict[str, str]:
     """Client tools into ``payload["tools"]`` as functions; the hosted ones left out, each with a note.
-    Returns the names of those left out, with their types."""
+    Returns the names of those left out, with their types.
+
+    A ``defer_loading`` tool is offered only once a tool search in ``messages`` has referenced it, as
+    Anthropic's API loads it then: until then the model does not know it (nor would a small model
+    pick a placeholder as its first tool)."""
     functions: list[dict[str, Any]] = []
     dropped: dict[str, str] = {}
+    referenced: set[str] | None = None
     for n, tool in enumerate(tools):
         where = f"tools.{n}"
         if not isinstance(tool, dict):
             raise InvalidRequest(f"{where}: must be an object", param=where)
         kind = tool.get("type")
         if kind in (None, "custom"):
+            if tool.get("defer_loading") is True:
+                referenced = referenced_tools(messages) if referenced is None else referenced
+                if tool.get("name") not in referenced:
+                    continue
             functions.append(_function(tool, where))
             continue
         name = str(tool.get("name") or kind)
         dropped[name] = str(kind)
         why = "a server tool" if str(kind).startswith(HOSTED_TOOL_PREFIXES) else "an Anthropic-defined tool"
         notes.append(f"{where} {name} ({kind}) dropped: {why} that no backend here runs")
+    if dropped and not functions:
+        # The request is there for the hosted tool (Claude Code's WebSearch asks for web_search and
+        # nothing else): answered without it, the model's own words would pass for search results.
+        name, kind = next(iter(dropped.items()))
+        raise InvalidRequest(
+            f"tools: '{name}' ({kind}) is a server tool that no backend of this gateway runs, "
+            "and no client tool is left to answer with",
+            param="tools",
+        )
     if functions:
         payload["tools"] = functions
     return dropped
 
 
+def referenced_tools(messages: list[Any]) -> set[str]:
+    """The tools that tool results in ``messages`` named with ``tool_reference`` blocks."""
+    names: set[str] = set()
+    for message in messages:
+        content = message.get("content") if isinstance(message, dict) else None
+        for block in content if isinstance(content, list) else ():
+            inner = block.get("content") if isinstance(block, dict) else None
+            if block.get("type") != "tool_result" or not isinstance(inner, list):
+                continue
+            names.update(
+                str(ref.get("tool_name"))
+                for ref in inner
+                if isinstance(ref, dict) and ref.get("type") == "tool_reference"
+            )
+    return names
+
+
 def _function(tool: dict[str, Any], where: str) -> dict[str, Any]:
-    # defer_loading tools (Claude Code's tool search) are offered at once: no backend defers them.
     if not isinstance(tool.get("name"), str):
         raise InvalidRequest(f"{where}.name: required", param=where)
     function: dict[str, Any] = {"name": tool["name"], "parameters": tool.get("input_schema") or {}}
