@@ -12,7 +12,7 @@ SOURCE = "policies/x.yaml"
 
 BACKEND_KEYS = (
     "api_key_env, context_window, dialect, family, max_concurrency, model, pricing, resume, signals, "
-    "thinking, timeouts, url"
+    "system_messages, thinking, timeouts, url"
 )
 
 
