@@ -30,6 +30,9 @@ export GATEWAY_TEST_POSTGRES
 step "real llama.cpp upstream (llama-server, built once from source and cached, + Gemma 3 270M GGUF)"
 bash tests/real/setup_llamacpp.sh
 
+step "real agent clients (Claude Code from npm, pinned, cached outside the repo)"
+bash tests/clients/setup_claude_code.sh >/dev/null
+
 step "format (ruff format --check)"
 .venv/bin/ruff format --check gateway tests bench
 
