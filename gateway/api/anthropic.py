@@ -52,7 +52,9 @@ async def unknown_path(request: Request) -> Response:
 async def wrong_method(request: Request) -> Response:
     error = InvalidRequest(f"{request.method} {request.url.path}: method not allowed; use POST")
     error.status = 405
-    return MESSAGES.error_response(error)
+    response = MESSAGES.error_response(error)
+    response.headers["allow"] = "POST"  # RFC 9110: a 405 names the methods there are
+    return response
 
 
 ALL_METHODS = ["GET", "POST", "PUT", "PATCH", "DELETE"]

@@ -26,8 +26,8 @@ if TYPE_CHECKING:
 STOP_REASONS = {"stop": "end_turn", "length": "max_tokens", "tool_calls": "tool_use",
                 "function_call": "tool_use", "content_filter": "refusal"}  # fmt: skip
 ERROR_TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
-               404: "not_found_error", 408: "invalid_request_error", 413: "request_too_large",
-               422: "invalid_request_error",
+               404: "not_found_error", 405: "invalid_request_error", 408: "invalid_request_error",
+               413: "request_too_large", 422: "invalid_request_error",
                429: "rate_limit_error", 503: "overloaded_error", 529: "overloaded_error"}  # fmt: skip
 # Messages fields with a chat-completions name of their own; the rest of theirs has no equivalent.
 RENAMED = {"stop_sequences": "stop", "temperature": "temperature", "top_p": "top_p"}

@@ -190,3 +190,5 @@ def test_every_error_under_v1_messages_is_in_anthropic_shape(
     answer = httpx.request(method, gateway.url + path, json={})
     assert answer.status_code == status
     assert answer.json()["type"] == "error" and set(answer.json()["error"]) == {"type", "message"}
+    if status == 405:
+        assert answer.headers["allow"] == "POST"
