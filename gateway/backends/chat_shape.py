@@ -25,9 +25,10 @@ from gateway.policy.schema import SystemMessages
 # - vllm, sglang: in place. Kimi K2/K3's templates render a system turn anywhere; so do Qwen3's and
 #   DeepSeek's. A model whose template refuses one says ``system_messages: leading`` in its backend.
 # - openai: in place: OpenAI's API takes system and developer messages anywhere.
-# - llamacpp: leading. Gemma's template folds only a first system message into the first user turn and
-#   raises on any other ("Conversation roles must alternate"); llama.cpp's fallback for templates
-#   without a system role handles only the first message too.
+# - llamacpp: leading. Gemma has no system role: its own template takes one system message, first
+#   (a later one raises "Conversation roles must alternate" or becomes a turn role it never saw), and
+#   llama.cpp's built-in gemma template prepends system text to the next user turn, so one after the
+#   last user turn is lost without a word (tests/real/test_real_system_messages.py).
 # - litellm: leading. Provider APIs behind it (Anthropic, Gemini) have one system prompt.
 SYSTEM_MESSAGES: Mapping[str, SystemMessages] = MappingProxyType(
     {
