@@ -104,8 +104,8 @@ def chat_payload(request: dict[str, Any], notes: list[str] | None = None) -> dic
     hosted = chat_tools(tools or [], messages, payload, notes)
     choice = request.get("tool_choice")
     if isinstance(choice, dict):
-        if choice.get("type") == "tool" and choice.get("name") in hosted:
-            name = choice["name"]
+        if choice.get("type") == "tool" and str(choice.get("name")) in hosted:
+            name = str(choice["name"])
             raise InvalidRequest(
                 f"tool_choice: '{name}' is a server tool ({hosted[name]}) that no backend of this "
                 "gateway runs; offer it as a client tool (with an input_schema) instead",

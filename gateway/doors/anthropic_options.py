@@ -41,7 +41,7 @@ def chat_tools(
         if kind in (None, "custom"):
             if tool.get("defer_loading") is True:
                 referenced = referenced_tools(messages) if referenced is None else referenced
-                if tool.get("name") not in referenced:
+                if str(tool.get("name")) not in referenced:
                     continue
             functions.append(_function(tool, where))
             continue
@@ -99,7 +99,7 @@ def reasoning_knobs(request: dict[str, Any], payload: dict[str, Any], notes: lis
         raise InvalidRequest(f"thinking.type: must be one of {', '.join(THINKING_TYPES)}", param="thinking")
     config = request.get("output_config")
     effort = config.get("effort") if isinstance(config, dict) else None
-    if effort is not None and effort not in EFFORTS:
+    if effort is not None and (not isinstance(effort, str) or effort not in EFFORTS):
         raise InvalidRequest(
             f"output_config.effort: must be one of {', '.join(EFFORTS)}", param="output_config.effort"
         )

@@ -192,3 +192,27 @@ def test_every_error_under_v1_messages_is_in_anthropic_shape(
     assert answer.json()["type"] == "error" and set(answer.json()["error"]) == {"type", "message"}
     if status == 405:
         assert answer.headers["allow"] == "POST"
+
+
+@pytest.mark.parametrize(
+    "odd",
+    [
+        {"output_config": {"effort": ["high"]}},
+        {"output_config": {"effort": "extreme"}},
+        {"thinking": {"type": "sometimes"}},
+        {
+            "tools": [{"type": "web_search_20250305", "name": ["x"]}, CLIENT_TOOL],
+            "tool_choice": {"type": "tool", "name": ["x"]},
+        },
+        {"tools": [{**CLIENT_TOOL, "name": ["x"], "defer_loading": True}]},
+        {"messages": [{"role": "system", "content": 7}]},
+    ],
+)
+def test_odd_values_in_the_new_fields_are_the_clients_400_never_a_500(
+    gateway: Gateway, odd: dict[str, Any]
+) -> None:
+    body = {"model": "vllm-only", "max_tokens": 10, "messages": [{"role": "user", "content": "hi"}], **odd}
+    for path in ("/v1/messages", "/v1/messages/count_tokens"):
+        answer = httpx.post(gateway.url + path, json=body, timeout=30)
+        assert answer.status_code in (200, 400), (path, answer.text)
+        assert answer.status_code == 200 or answer.json()["error"]["type"] == "invalid_request_error"
