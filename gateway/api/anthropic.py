@@ -1,6 +1,5 @@
-"""The Messages API's other paths: ``POST /v1/messages/count_tokens``, and Anthropic's error shape for
-every answer under ``/v1/messages*`` that is not a completion (a 404 for an unknown path such as
-``/v1/messages/batches``, a 405 for a wrong method), so Anthropic's SDKs read each error as their own.
+"""The Messages API's other path, ``POST /v1/messages/count_tokens``. (Its errors, like Starlette's 404
+and 405 anywhere under /v1/messages*, come in Anthropic's shape: ``doors.anthropic_errors``.)
 
 Tokens are counted as the gateway estimates a prompt before sending it: the characters of the chat
 payload the door would send upstream, over ``tuning.chars_per_token``. No backend here exposes the
@@ -17,7 +16,7 @@ from starlette.routing import Route
 from gateway.api.admin import runtime_of
 from gateway.doors.anthropic import MESSAGES, chat_payload
 from gateway.doors.openai import json_object, route_of
-from gateway.errors import BodyTooLarge, GatewayError, InvalidRequest, ModelNotFound
+from gateway.errors import BodyTooLarge, GatewayError
 from gateway.request.auth import authorize_route
 from gateway.request.dialect import estimate_tokens, prompt_chars
 
@@ -43,23 +42,4 @@ async def count_tokens(request: Request) -> Response:
     return Response(orjson.dumps({"input_tokens": tokens}), headers=headers, media_type="application/json")
 
 
-async def unknown_path(request: Request) -> Response:
-    return MESSAGES.error_response(
-        ModelNotFound(f"{request.method} {request.url.path}: not found", code="not_found")
-    )
-
-
-async def wrong_method(request: Request) -> Response:
-    error = InvalidRequest(f"{request.method} {request.url.path}: method not allowed; use POST")
-    error.status = 405
-    response = MESSAGES.error_response(error)
-    response.headers["allow"] = "POST"  # RFC 9110: a 405 names the methods there are
-    return response
-
-
-ALL_METHODS = ["GET", "POST", "PUT", "PATCH", "DELETE"]
-routes = [
-    Route("/v1/messages/count_tokens", count_tokens, methods=["POST"]),
-    Route("/v1/messages", wrong_method, methods=["GET", "PUT", "PATCH", "DELETE"]),
-    Route("/v1/messages/{rest:path}", unknown_path, methods=ALL_METHODS),
-]
+routes = [Route("/v1/messages/count_tokens", count_tokens, methods=["POST"])]

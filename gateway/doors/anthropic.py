@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 import orjson
 from starlette.responses import Response
 
+from gateway.doors.anthropic_errors import error_body as error_body  # its users import it from here
 from gateway.doors.anthropic_options import chat_tools, context_notes, reasoning_knobs
 from gateway.doors.openai import translated_request
 from gateway.doors.sse import chat_usage, reasoning_of
@@ -25,10 +26,6 @@ if TYPE_CHECKING:
 
 STOP_REASONS = {"stop": "end_turn", "length": "max_tokens", "tool_calls": "tool_use",
                 "function_call": "tool_use", "content_filter": "refusal"}  # fmt: skip
-ERROR_TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
-               404: "not_found_error", 405: "invalid_request_error", 408: "invalid_request_error",
-               413: "request_too_large", 422: "invalid_request_error",
-               429: "rate_limit_error", 503: "overloaded_error", 529: "overloaded_error"}  # fmt: skip
 # Messages fields with a chat-completions name of their own; the rest of theirs has no equivalent.
 RENAMED = {"stop_sequences": "stop", "temperature": "temperature", "top_p": "top_p"}
 BILLING_HEADER = "x-anthropic-billing-header:"
@@ -64,11 +61,6 @@ class AnthropicDoor:
             headers=error.headers(),
             media_type="application/json",
         )
-
-
-def error_body(status: int, message: str) -> bytes:
-    kind = ERROR_TYPES.get(status, "api_error")
-    return orjson.dumps({"type": "error", "error": {"type": kind, "message": message}})
 
 
 # -- Messages request -> chat payload --------------------------------------------------------------------
