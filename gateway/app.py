@@ -15,7 +15,7 @@ from starlette.applications import Starlette
 from starlette.datastructures import State
 from starlette.types import Receive, Scope, Send
 
-from gateway.api import admin, dashboard, openai
+from gateway.api import admin, anthropic, dashboard, openai
 from gateway.api.responses import exception_handlers
 from gateway.process import tune_for_serving
 from gateway.request.proxy import serve
@@ -72,7 +72,7 @@ def create_app(
 
     return GatewayApp(
         Starlette(
-            routes=[*openai.routes, *admin.routes, *dashboard.routes],
+            routes=[*openai.routes, *anthropic.routes, *admin.routes, *dashboard.routes],
             exception_handlers=exception_handlers,
             lifespan=lifespan,
         ),

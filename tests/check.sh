@@ -32,6 +32,8 @@ bash tests/real/setup_llamacpp.sh
 
 step "agent clients: Codex CLI (npm @openai/codex, pinned, cached like llama-server)"
 bash tests/clients/setup_codex.sh >/dev/null
+step "real agent clients (Claude Code from npm, pinned, cached outside the repo)"
+bash tests/clients/setup_claude_code.sh >/dev/null
 
 step "format (ruff format --check)"
 .venv/bin/ruff format --check gateway tests bench

@@ -70,7 +70,7 @@ class TextBlock(BaseModel):
 
 class AnthropicMessage(BaseModel):
     model_config = Open
-    role: Literal["user", "assistant"]
+    role: Literal["user", "assistant", "system"]
     content: str | list[TextBlock]
 
 
@@ -93,6 +93,16 @@ class MessagesRequest(BaseModel):
     stop_sequences: list[str] | None = None
     temperature: float | None = Field(default=None, ge=0, le=1)
     top_p: float | None = Field(default=None, ge=0, le=1)
+    tools: list[AnthropicTool] | None = None
+
+
+class CountTokensRequest(BaseModel):
+    """POST /v1/messages/count_tokens (the gateway's estimate of the prompt's input tokens)."""
+
+    model_config = Open
+    model: str
+    messages: list[AnthropicMessage] = Field(min_length=1)
+    system: str | list[TextBlock] | None = None
     tools: list[AnthropicTool] | None = None
 
 
@@ -138,6 +148,7 @@ REQUESTS: dict[str, type[BaseModel]] = {
     "/v1/chat/completions": ChatRequest,
     "/v1/completions": CompletionRequest,
     "/v1/messages": MessagesRequest,
+    "/v1/messages/count_tokens": CountTokensRequest,
     "/v1/responses": ResponsesRequest,
     "/v1/embeddings": EmbeddingsRequest,
 }
@@ -194,6 +205,11 @@ ANSWERS: dict[str, dict[str, Any]] = {
         "type": "object",
         "required": ["id", "type", "role", "model", "content", "stop_reason", "usage"],
         "properties": {"type": {"const": "message"}, "content": {"type": "array"}},
+    },
+    "/v1/messages/count_tokens": {
+        "type": "object",
+        "required": ["input_tokens"],
+        "properties": {"input_tokens": {"type": "integer", "minimum": 0}},
     },
     "/v1/responses": {
         "type": "object",
@@ -293,9 +309,9 @@ def describe(routes: list[str], keyed: bool) -> dict[str, Any]:
 
 
 def _door(path: str, name: str, keyed: bool) -> dict[str, Any]:
-    error = "AnthropicError" if path == "/v1/messages" else "Error"
+    error = "AnthropicError" if path.startswith("/v1/messages") else "Error"
     answer = {"application/json": {"schema": ANSWERS[path]}}
-    if path != "/v1/embeddings":
+    if path not in ("/v1/embeddings", "/v1/messages/count_tokens"):
         answer["text/event-stream"] = {"schema": SSE_EVENT}
     errors = {k: v for k, v in DOOR_ERRORS.items() if keyed or k not in ("401", "403")}
     operation: dict[str, Any] = {

@@ -1,4 +1,5 @@
-"""JSON responses and the exception handlers that turn every error into an OpenAI-format body."""
+"""JSON responses and the exception handlers that turn every error into an OpenAI-format body (an
+Anthropic one under /v1/messages*)."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import Response
 
+from gateway.doors import anthropic_errors
 from gateway.errors import GatewayError, error_bytes
 
 log = logging.getLogger("gateway")
@@ -44,7 +46,10 @@ async def gateway_error(request: Request, exc: Exception) -> Response:
 async def http_error(request: Request, exc: Exception) -> Response:
     assert isinstance(exc, HTTPException)
     message = f"{request.method} {request.url.path}: {exc.detail}"
-    body = error_bytes(message, _HTTP_ERROR_TYPES.get(exc.status_code, "invalid_request_error"))
+    if request.url.path.startswith(anthropic_errors.PATH_PREFIX):  # Anthropic's SDKs read their own shape
+        body = anthropic_errors.error_body(exc.status_code, message)
+    else:
+        body = error_bytes(message, _HTTP_ERROR_TYPES.get(exc.status_code, "invalid_request_error"))
     return Response(body, status_code=exc.status_code, headers=exc.headers, media_type="application/json")
 
 

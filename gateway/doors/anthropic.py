@@ -13,6 +13,8 @@ from typing import TYPE_CHECKING, Any
 import orjson
 from starlette.responses import Response
 
+from gateway.doors.anthropic_errors import error_body as error_body  # its users import it from here
+from gateway.doors.anthropic_options import chat_tools, context_notes, reasoning_knobs
 from gateway.doors.openai import translated_request
 from gateway.doors.sse import chat_usage, reasoning_of
 from gateway.errors import GatewayError, InvalidRequest
@@ -24,12 +26,9 @@ if TYPE_CHECKING:
 
 STOP_REASONS = {"stop": "end_turn", "length": "max_tokens", "tool_calls": "tool_use",
                 "function_call": "tool_use", "content_filter": "refusal"}  # fmt: skip
-ERROR_TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
-               404: "not_found_error", 408: "invalid_request_error", 413: "request_too_large",
-               422: "invalid_request_error",
-               429: "rate_limit_error", 503: "overloaded_error", 529: "overloaded_error"}  # fmt: skip
 # Messages fields with a chat-completions name of their own; the rest of theirs has no equivalent.
 RENAMED = {"stop_sequences": "stop", "temperature": "temperature", "top_p": "top_p"}
+BILLING_HEADER = "x-anthropic-billing-header:"
 
 
 class AnthropicDoor:
@@ -37,9 +36,12 @@ class AnthropicDoor:
     upstream_path = "/chat/completions"
 
     def parse(self, body: bytes, policy: CompiledPolicy, chars_per_token: float) -> ClientRequest:
-        return translated_request(
-            body, policy, chars_per_token, chat_payload
-        )  # message_delta carries the usage
+        notes: list[str] = []
+        client = translated_request(  # message_delta carries the usage
+            body, policy, chars_per_token, lambda request: chat_payload(request, notes)
+        )
+        client.notes = tuple(notes)
+        return client
 
     def render_answer(self, raw: bytes, exchange: Exchange) -> bytes:
         assert exchange.client is not None
@@ -61,16 +63,13 @@ class AnthropicDoor:
         )
 
 
-def error_body(status: int, message: str) -> bytes:
-    kind = ERROR_TYPES.get(status, "api_error")
-    return orjson.dumps({"type": "error", "error": {"type": kind, "message": message}})
-
-
 # -- Messages request -> chat payload --------------------------------------------------------------------
 
 
-def chat_payload(request: dict[str, Any]) -> dict[str, Any]:
-    """The chat-completions payload of a Messages request; InvalidRequest names what is wrong."""
+def chat_payload(request: dict[str, Any], notes: list[str] | None = None) -> dict[str, Any]:
+    """The chat-completions payload of a Messages request; InvalidRequest names what is wrong. What it
+    leaves out (hosted tools, context edits) is said in ``notes``."""
+    notes = [] if notes is None else notes
     max_tokens = request.get("max_tokens")
     if not isinstance(max_tokens, int) or isinstance(max_tokens, bool) or max_tokens < 1:
         raise InvalidRequest("max_tokens: Field required (a positive integer)", param="max_tokens")
@@ -81,9 +80,9 @@ def chat_payload(request: dict[str, Any]) -> dict[str, Any]:
     if not isinstance(messages, list) or not messages:
         raise InvalidRequest("messages: must be a non-empty array", param="messages")
     chat: list[dict[str, Any]] = []
-    system = request.get("system")
+    system = _system_text(request.get("system") or "", "system")
     if system:
-        chat.append({"role": "system", "content": _text_of(system, "system")})
+        chat.append({"role": "system", "content": system})
     for n, message in enumerate(messages):
         chat.extend(_chat_messages(message, f"messages.{n}"))
     payload: dict[str, Any] = {"model": request["model"], "messages": chat, "max_tokens": max_tokens}
@@ -94,13 +93,22 @@ def chat_payload(request: dict[str, Any]) -> dict[str, Any]:
     tools = request.get("tools")
     if tools is not None and not isinstance(tools, list):
         raise InvalidRequest("tools: must be an array", param="tools")
-    if tools:
-        payload["tools"] = [_chat_tool(tool, f"tools.{n}") for n, tool in enumerate(tools)]
+    hosted = chat_tools(tools or [], messages, payload, notes)
     choice = request.get("tool_choice")
     if isinstance(choice, dict):
-        payload["tool_choice"] = _chat_tool_choice(choice)
-        if choice.get("disable_parallel_tool_use"):
+        if choice.get("type") == "tool" and str(choice.get("name")) in hosted:
+            name = str(choice["name"])
+            raise InvalidRequest(
+                f"tool_choice: '{name}' is a server tool ({hosted[name]}) that no backend of this "
+                "gateway runs; offer it as a client tool (with an input_schema) instead",
+                param="tool_choice",
+            )
+        if payload.get("tools"):
+            payload["tool_choice"] = _chat_tool_choice(choice)
+        if choice.get("disable_parallel_tool_use") and payload.get("tools"):
             payload["parallel_tool_calls"] = False
+    reasoning_knobs(request, payload, notes)
+    context_notes(request, notes)
     metadata = request.get("metadata")
     if isinstance(metadata, dict) and isinstance(metadata.get("user_id"), str):
         payload["user"] = metadata["user_id"]
@@ -108,9 +116,12 @@ def chat_payload(request: dict[str, Any]) -> dict[str, Any]:
 
 
 def _chat_messages(message: Any, where: str) -> list[dict[str, Any]]:
-    if not isinstance(message, dict) or message.get("role") not in ("user", "assistant"):
-        raise InvalidRequest(f"{where}.role: must be 'user' or 'assistant'", param=where)
+    if not isinstance(message, dict) or message.get("role") not in ("user", "assistant", "system"):
+        raise InvalidRequest(f"{where}.role: must be 'user', 'assistant' or 'system'", param=where)
     role, content = message["role"], message.get("content")
+    if role == "system":  # mid-conversation (Claude Code's agent and skill lists): placed per backend
+        text = _system_text(content, f"{where}.content")
+        return [{"role": "system", "content": text}] if text else []
     if isinstance(content, str):
         return [{"role": role, "content": content}]
     if not isinstance(content, list):
@@ -134,6 +145,8 @@ def _chat_messages(message: Any, where: str) -> list[dict[str, Any]]:
             results.append({"role": "tool", "tool_call_id": block.get("tool_use_id"), "content": text})
         elif kind in ("thinking", "redacted_thinking"):
             continue  # the model's own earlier thinking: not sent back upstream
+        elif kind == "server_tool_use" or (isinstance(kind, str) and kind.endswith("_tool_result")):
+            continue  # a hosted tool's call and result from an earlier turn answered elsewhere
         else:
             raise InvalidRequest(f"{where}.content.{n}: unsupported block type {kind!r}", param=where)
     out: list[dict[str, Any]] = list(results)  # tool results answer the previous assistant turn first
@@ -160,6 +173,22 @@ def _text_of(value: Any, where: str) -> str:
     raise InvalidRequest(f"{where}: must be a string or an array of text blocks", param=where)
 
 
+def _system_text(value: Any, where: str) -> str:
+    """A system prompt's text blocks, one paragraph each; Claude Code's billing header block is the
+    transport's, not the model's (and changes with every client version: it would defeat prefix
+    caching), so it is left out."""
+    if isinstance(value, str):
+        return value
+    if not isinstance(value, list):
+        raise InvalidRequest(f"{where}: must be a string or an array of text blocks", param=where)
+    texts = (
+        _block_text(block, f"{where}.{n}")
+        for n, block in enumerate(value)
+        if isinstance(block, dict) and block.get("type") == "text"
+    )
+    return "\n\n".join(text for text in texts if text and not text.startswith(BILLING_HEADER))
+
+
 def _block_text(block: dict[str, Any], where: str) -> str:
     text = block.get("text", "")
     if not isinstance(text, str):
@@ -173,15 +202,6 @@ def _image_url(source: Any) -> str:
     if isinstance(source, dict) and source.get("type") == "url":
         return str(source.get("url"))
     raise InvalidRequest("image.source: must be a base64 or url source", param="messages")
-
-
-def _chat_tool(tool: Any, where: str) -> dict[str, Any]:
-    if not isinstance(tool, dict) or not isinstance(tool.get("name"), str):
-        raise InvalidRequest(f"{where}.name: required", param=where)
-    function: dict[str, Any] = {"name": tool["name"], "parameters": tool.get("input_schema") or {}}
-    if tool.get("description"):
-        function["description"] = tool["description"]
-    return {"type": "function", "function": function}
 
 
 def _chat_tool_choice(choice: dict[str, Any]) -> Any:

@@ -195,10 +195,11 @@ def check_nesting(payload: dict[str, Any]) -> None:
 
 
 def route_of(model: object, policy: CompiledPolicy) -> CompiledRoute:
-    """The route a request's ``model`` names; 404 listing the known ones when it names none."""
+    """The route a request's ``model`` names (or one of its aliases); 404 listing the known ones when it
+    names none."""
     if not isinstance(model, str) or not model:
         raise InvalidRequest("'model' is required and must be a string", param="model")
-    route = policy.routes.get(model)
+    route = policy.route_for(model)
     if route is None:
         known = ", ".join(sorted(policy.routes))
         raise ModelNotFound(f"The model '{model[:200]}' does not exist. Known models: {known}")

@@ -38,7 +38,7 @@ class ResponsesDoor:
     def parse(self, body: bytes, policy: CompiledPolicy, chars_per_token: float) -> ClientRequest:
         state = ResponsesState()
         request = translated_request(body, policy, chars_per_token, lambda given: chat_payload(given, state))
-        request.notes = state.notes  # response.completed carries the usage
+        request.notes = tuple(state.notes)
         request.cache_key = state.cache_key
         request.door_state = state
         return request

@@ -41,6 +41,8 @@ def render_policy(policy: CompiledPolicy) -> str:
 def render_route(route: CompiledRoute, policy: CompiledPolicy) -> list[str]:
     fallback = route.fallback
     lines = [f"route {route.name}" + (f": {route.description}" if route.description else "")]
+    if route.aliases:
+        lines.append(f"  aliases: {', '.join(route.aliases)}")
     lines.append(f"  objective: {route.objective}, when infeasible: {route.when_infeasible}")
     lines.append(f"  slo: {describe_slo(route.slo)}")
     lines.append(

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from fnmatch import fnmatchcase
 
 from gateway.policy.schema import (
     Accounting,
@@ -22,6 +23,7 @@ from gateway.policy.schema import (
     Signals,
     Slo,
     StoreSettings,
+    SystemMessages,
     Thinking,
     Timeouts,
     Tuning,
@@ -75,6 +77,9 @@ class CompiledBackend:
     family: str = ""  # the model it serves (its ``model`` unless the policy says otherwise)
     resume: ResumeStyle = "none"  # how it continues an answer another backend started
     forward_user: bool = False  # the client's identifying metadata goes to it (request/privacy.py)
+    # Where mid-conversation system messages go; None: as its dialect's chat templates need
+    # (gateway.backends.chat_shape knows the dialects).
+    system_messages: SystemMessages | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -99,6 +104,7 @@ class CompiledRoute:
         )
 
     resume_streams: bool = False  # a stream cut mid-way continues on another candidate
+    aliases: tuple[str, ...] = ()  # other model ids (exact or globs) that name this route
 
 
 @dataclass(frozen=True, slots=True)
@@ -124,3 +130,17 @@ class CompiledPolicy:
     # The key of the ledger's user hashes (ledger.user: hashed), read from the environment at load;
     # None: no user is recorded.
     user_hash_key: bytes | None = field(default=None, repr=False)
+    # Route aliases: exact ids to route names, and globs (longest first) with their route names.
+    exact_aliases: Mapping[str, str] = field(default_factory=dict)
+    glob_aliases: tuple[tuple[str, str], ...] = ()
+
+    def route_for(self, model: str) -> CompiledRoute | None:
+        """The route a client's model id names: a route's own name, an exact alias, or the longest
+        matching glob (a more specific pattern wins; ties go to the one declared first)."""
+        route = self.routes.get(model)
+        if route is not None:
+            return route
+        name = self.exact_aliases.get(model)
+        if name is None:
+            name = next((route for glob, route in self.glob_aliases if fnmatchcase(model, glob)), None)
+        return None if name is None else self.routes.get(name)

@@ -19,6 +19,7 @@ from pydantic import ValidationError
 
 from gateway.money.costs import per_token, pool_usd_per_token
 from gateway.policy import schema
+from gateway.policy.aliases import alias_problems, compiled_aliases
 from gateway.policy.compiled import CompiledBackend, CompiledPolicy, CompiledRoute, PoolPrice, TokenPrices
 from gateway.policy.document import (
     Document,
@@ -122,6 +123,7 @@ def _compile(text: str, source: str, digest: str, environ: Env) -> CompiledPolic
         auth = raw.auth.model_copy(update={"keys": raw.auth.keys + _keys_from_file(keys_path, keys_data)})
         raw = raw.model_copy(update={"auth": auth})
     problems = doc.nonfinite_problems() + _reference_problems(doc) + _key_problems(raw, doc)
+    problems += alias_problems(raw, doc)
     warnings = _unused_backend_warnings(raw, doc)
     if keys_path is not None and keys_data is None:
         missing = f"{keys_path} does not exist; no keys from it"
@@ -145,6 +147,7 @@ def _compile(text: str, source: str, digest: str, environ: Env) -> CompiledPolic
     if problems:
         raise PolicyError(problems)
     routes = {name: _compile_route(name, route, backends) for name, route in raw.routes.items()}
+    exact_aliases, glob_aliases = compiled_aliases(raw)
     return CompiledPolicy(
         source=source,
         digest=digest,
@@ -165,6 +168,8 @@ def _compile(text: str, source: str, digest: str, environ: Env) -> CompiledPolic
         store=raw.store,
         tuning=raw.tuning,
         keys_file=keys_path,
+        exact_aliases=types.MappingProxyType(exact_aliases),
+        glob_aliases=glob_aliases,
     )
 
 
@@ -234,6 +239,7 @@ def _compile_backend(
         family=backend.family or backend.model,
         resume=backend.resume or DEFAULT_RESUME.get(backend.dialect, "none"),
         forward_user=backend.forward_user,
+        system_messages=backend.system_messages,
     )
 
 
@@ -327,6 +333,7 @@ def _compile_route(name: str, r: schema.Route, backends: Mapping[str, CompiledBa
         waiting=r.waiting,
         admit_beyond_max_concurrency=r.admit_beyond_max_concurrency,
         resume_streams=resume_streams,
+        aliases=tuple(r.aliases),
     )
 
 

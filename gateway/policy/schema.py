@@ -23,6 +23,11 @@ WaitOrder = Literal["fifo", "deadline"]
 # vLLM, SGLang and llama-server's ``continue_final_message``, Kimi's and DeepSeek's ``partial`` final
 # assistant message, an Anthropic-style assistant prefill, or not at all.
 ResumeStyle = Literal["continue_final_message", "partial", "assistant_prefill", "none"]
+# Where a system message in the middle of a conversation goes (gateway.backends.chat_shape): kept at its
+# place, or merged into the leading system prompt for chat templates that take only that one.
+SystemMessages = Literal["in_place", "leading"]
+# Other model ids a route answers to: exact ids, or globs with * and ? ("claude-*", "gpt-5*").
+RouteAlias = Annotated[str, Field(pattern=r"^[A-Za-z0-9*?][A-Za-z0-9._:/*?\[\]-]*$", max_length=128)]
 BackendName = Annotated[str, Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$", max_length=64)]
 RouteName = Annotated[str, Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9._:/-]*$", max_length=128)]
 PositiveFloat = Annotated[float, Field(gt=0)]
@@ -111,6 +116,8 @@ class Backend(Strict):
     # ``metadata``, Codex ``client_metadata``, Anthropic ``metadata.user_id``) goes to this backend.
     # Off by default, so no paid API learns who uses it unless the policy says so here.
     forward_user: bool = False
+    # Mid-conversation system messages: default by dialect (leading for llamacpp and litellm).
+    system_messages: SystemMessages | None = None
 
 
 class Slo(Strict):
@@ -169,6 +176,9 @@ class Route(Strict):
     # Send a request to a pool already at max_concurrency when its predicted TTFT (its own queue
     # included) still meets the route's TTFT SLO: fill a pool to what its SLO allows.
     admit_beyond_max_concurrency: bool = False
+    # Model ids clients send that mean this route (a client's own default, say); none may be claimed
+    # by two routes. The route's name still comes first, then exact aliases, then the longest glob.
+    aliases: list[RouteAlias] = []
 
 
 class Server(Strict):

@@ -43,8 +43,10 @@ class ClientRequest:
     # The client's identifying fields, taken out of ``payload`` (request/privacy.py): they go upstream
     # only to a backend with ``forward_user: true``.
     identity: dict[str, Any] = field(default_factory=dict)
-    # Said back in the x-gateway-notes header: what the door accepted but changed or left out.
-    notes: list[str] = field(default_factory=list)
+    # What the door left out or changed (a hosted tool dropped, say), said in ``x-gateway-notes``;
+    # the backend's own notes (``backends.chat_shape``) are those of the attempt that answered.
+    notes: tuple[str, ...] = ()
+    upstream_notes: tuple[str, ...] = ()
     cache_key: str | None = None  # the client's prompt-cache key (Responses ``prompt_cache_key``)
     door_state: Any = None  # what the door needs again to answer in its dialect (its own type)
 

@@ -18,6 +18,7 @@ from starlette.responses import Response
 from starlette.types import Receive, Scope, Send
 
 from gateway.backends import UpstreamCall
+from gateway.backends.chat_shape import shaped
 from gateway.doors import Door
 from gateway.errors import (
     AttemptFailure,
@@ -296,10 +297,12 @@ async def shed(runtime: Runtime, door: Door, scope: Scope, receive: Receive, sen
 
 
 def upstream_body(client: ClientRequest, backend: CompiledBackend) -> bytes:
-    """The client's body with the backend's model name, and the client's identity only for a backend
-    allowed it; streams always ask for usage (stripped again by the relay when the client did not
-    ask), so every streamed token is accounted for."""
-    payload: dict[str, Any] = dict(client.payload)
+    """The client's body with the backend's model name, shaped as its engine takes it (system messages,
+    reasoning knobs: ``backends.chat_shape``, whose notes the answer's headers carry), and the client's
+    identity only for a backend allowed it; streams always ask for usage (stripped again by the relay
+    when the client did not ask), so every streamed token is accounted for."""
+    shaped_payload, client.upstream_notes = shaped(client.payload, backend)
+    payload: dict[str, Any] = dict(shaped_payload)
     payload["model"] = backend.model
     with_identity(payload, client.identity, backend)
     if client.stream:
@@ -319,11 +322,11 @@ def response_headers(exchange: Exchange, content_type: str) -> list[tuple[bytes,
         (b"x-gateway-decision", (observation.decision_reason or "").encode()),
         (b"x-gateway-attempts", str(len(observation.attempts)).encode()),
     ]
-    notes = exchange.client.notes if exchange.client is not None else None
-    if notes:
-        headers.append((b"x-gateway-notes", header_text("; ".join(notes))))
     if observation.queued_s > 0:
         headers.append((b"x-gateway-queued-s", f"{observation.queued_s:.3f}".encode()))
+    client = exchange.client
+    if client is not None and (client.notes or client.upstream_notes):
+        headers.append((b"x-gateway-notes", header_text("; ".join((*client.notes, *client.upstream_notes)))))
     # Settled cost when known (non-streaming); before a stream ends, the decision's estimate.
     settled = observation.cost_usd is not None
     cost = observation.cost_usd if settled else observation.expected_cost_usd

@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING, Any
 import orjson
 
 from gateway.backends import UpstreamCall
+from gateway.backends.chat_shape import shaped
 from gateway.errors import AttemptFailure
 from gateway.request.dialect import REASONING_FIELDS
 from gateway.request.meter import StreamMeter
@@ -159,8 +160,10 @@ def continuation_body(
     max_tokens: int | None,
     generated: int,
 ) -> bytes:
-    """The client's request, asking ``backend`` to go on from ``answer`` (or to start over without one);
-    ``reasoning`` is the thinking that came before it."""
+    """The client's request, asking ``backend`` to go on from ``answer`` (or to start over without one),
+    shaped as that backend takes it (``backends.chat_shape``); ``reasoning`` is the thinking that came
+    before it."""
+    payload = shaped(payload, backend)[0]
     body = dict(payload)
     body["model"] = backend.model
     body["stream"] = True

@@ -14,6 +14,7 @@ from typing import Any
 import httpx
 import pytest
 
+from tests.clients.relayed_demo import relayed_demo  # noqa: F401 (a fixture, found by pytest here)
 from tests.servers import ProcessServer, free_port
 from tests.test_demo import policy_on_ports, start_demo
 

@@ -28,7 +28,8 @@ def test_valid_policy_prints_the_compiled_routes(monkeypatch: pytest.MonkeyPatch
     assert output.startswith(f"{DEFAULT}: valid (3 backends, 4 routes, sha256 ")
     lines = output.splitlines()
     route = lines.index("route kimi-k3: Interactive chat; the cheapest backend predicted to meet the SLO")
-    assert lines[route + 1 : route + 7] == [
+    assert lines[route + 1 : route + 8] == [
+        "  aliases: claude-*, gpt-*, codex-*",
         "  objective: lowest_cost, when infeasible: fastest",
         "  slo: TTFT p95 <= 3000 ms, decode >= 20 tok/s",
         "  fallback: up to 3 attempts within 600 s; exploration 2%",

@@ -12,7 +12,7 @@ SOURCE = "policies/x.yaml"
 
 BACKEND_KEYS = (
     "api_key_env, context_window, dialect, family, forward_user, max_concurrency, model, pricing, resume, "
-    "signals, thinking, timeouts, url"
+    "signals, system_messages, thinking, timeouts, url"
 )
 
 
