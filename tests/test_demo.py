@@ -110,7 +110,7 @@ def test_printed_commands_run_as_printed_on_moved_ports_with_a_line_per_request(
         assert "x-gateway-route: kimi-k3" in run_as_pasted(readme_curl).stdout.lower()
         # Refused requests print a line too: the reason, and the route when the body named one.
         url = f"http://127.0.0.1:{port}/v1/chat/completions"
-        assert httpx.post(url, json={"model": "claude-opus-4-8", "messages": []}).status_code == 404
+        assert httpx.post(url, json={"model": "no-such-model", "messages": []}).status_code == 404
         assert httpx.post(url, json={"model": "kimi-k3", "messages": []}).status_code == 400
     finally:  # a graceful stop: every request has settled, and printed its line, before it exits
         assert demo.stop() == 0
