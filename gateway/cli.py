@@ -212,11 +212,18 @@ def build_parser() -> argparse.ArgumentParser:
 
     check = command(
         "check",
-        "validate a policy file and print its compiled routes",
+        "validate a policy file and print its compiled routes; --live asks every backend about itself",
         "gateway check policies/default.yaml",
         "gateway check prod.yaml && kubectl apply -f configmap.yaml",
+        "gateway check --live policies/real-pools.yaml   # first thing to run against real pools",
     )
     check.add_argument("file", help="the policy YAML to validate")
+    check.add_argument(
+        "--live",
+        action="store_true",
+        help="also probe each backend from here: reachable, TLS, model listed, load signals, health, "
+        "cached-token reporting, continuation, one-token TTFT; exit 1 when one a route needs is unusable",
+    )
     check.set_defaults(func=cmd_check)
 
     emulate = command(
@@ -324,7 +331,7 @@ def cmd_ledger_migrate(args: argparse.Namespace) -> int:
 def cmd_check(args: argparse.Namespace) -> int:
     from gateway.policy.check import check_main
 
-    return check_main(args.file)
+    return check_main(args.file, live=args.live)
 
 
 def cmd_emulate(args: argparse.Namespace) -> int:
