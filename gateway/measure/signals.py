@@ -74,6 +74,10 @@ _SGLANG_STEMS = (
 )
 
 
+# The ranks of one SGLang scheduler group: they run the same batch, so they report the same counts.
+_SGLANG_GROUP_RANKS = frozenset({"tp_rank", "pp_rank", "moe_ep_rank"})
+
+
 def parse_vllm_metrics(text: str, scraped_at: float, previous: LoadSignals | None) -> LoadSignals:
     """Reads vLLM's ``/metrics``; counts are summed over label sets (model_name, engine).
 
@@ -114,8 +118,11 @@ def parse_llamacpp_metrics(text: str, scraped_at: float, previous: LoadSignals |
 
 def parse_sglang_metrics(text: str, scraped_at: float, previous: LoadSignals | None) -> LoadSignals:
     """Reads SGLang's ``/metrics`` (``--enable-metrics``): its throughput is a gauge it computes itself,
-    its KV-cache share is ``token_usage``; counts are summed over label sets (tp/dp ranks)."""
-    samples = _finite_samples(text, _SGLANG_STEMS)
+    its KV-cache share is ``token_usage``; counts are summed over data-parallel ranks. Ranks of one
+    scheduler group (tp_rank, pp_rank, moe_ep_rank) hold the same batch and, with
+    --enable-metrics-for-all-schedulers, all report it: one of them counts (docs/contracts/sglang.yaml,
+    metrics.scheduler_labels)."""
+    samples = _finite_samples(text, _SGLANG_STEMS, same_group=_SGLANG_GROUP_RANKS)
     count = _sum(samples, "sglang:time_to_first_token_seconds_count")
     ttft_sum = _sum(samples, "sglang:time_to_first_token_seconds_sum")
     return LoadSignals(
@@ -145,13 +152,24 @@ def parse_llamacpp_slots(payload: object) -> tuple[int, int]:
     return len(payload), busy
 
 
-def _finite_samples(text: str, stems: tuple[str, ...]) -> dict[str, list[float]]:
+def _finite_samples(
+    text: str, stems: tuple[str, ...], same_group: frozenset[str] = frozenset()
+) -> dict[str, list[float]]:
+    """Finite values per sample name, one per label set; label sets that differ only in the
+    ``same_group`` labels are copies of one reading, and the largest stands for them."""
     wanted = "\n".join(line for line in text.splitlines() if any(stem in line for stem in stems))
-    found: dict[str, list[float]] = {}
+    grouped: dict[tuple[str, frozenset[tuple[str, str]]], float] = {}
     for family in text_string_to_metric_families(wanted):
         for sample in family.samples:
             if math.isfinite(sample.value):
-                found.setdefault(sample.name, []).append(float(sample.value))
+                key = (
+                    sample.name,
+                    frozenset((k, v) for k, v in sample.labels.items() if k not in same_group),
+                )
+                grouped[key] = max(grouped.get(key, -math.inf), float(sample.value))
+    found: dict[str, list[float]] = {}
+    for (name, _), value in grouped.items():
+        found.setdefault(name, []).append(value)
     return found
 
 
