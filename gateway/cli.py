@@ -213,11 +213,18 @@ def build_parser() -> argparse.ArgumentParser:
 
     check = command(
         "check",
-        "validate a policy file and print its compiled routes",
+        "validate a policy file and print its compiled routes; --live asks every backend about itself",
         "gateway check policies/default.yaml",
         "gateway check prod.yaml && kubectl apply -f configmap.yaml",
+        "gateway check --live policies/real-pools.yaml   # first thing to run against real pools",
     )
     check.add_argument("file", help="the policy YAML to validate")
+    check.add_argument(
+        "--live",
+        action="store_true",
+        help="also probe each backend from here: reachable, TLS, model listed, load signals, health, "
+        "cached-token reporting, continuation, one-token TTFT; exit 1 when one a route needs is unusable",
+    )
     check.set_defaults(func=cmd_check)
 
     emulate = command(
@@ -225,6 +232,7 @@ def build_parser() -> argparse.ArgumentParser:
         "run an upstream emulator (vLLM, llama.cpp or paid-API dialect)",
         "gateway emulate --profile b300-vllm --port 8101",
         "gateway emulate --profile a100-llamacpp --port 8102 --time-scale 0.1 --cold-boot",
+        "gateway emulate --profile b300-vllm --port 8101 --engine-args ''   # no cached-token details",
     )
     emulate.add_argument("--profile", required=True, choices=EMULATOR_PROFILES, help="which upstream")
     emulate.add_argument("--host", default="127.0.0.1", help="address to listen on")
@@ -233,7 +241,15 @@ def build_parser() -> argparse.ArgumentParser:
         "--time-scale", type=float, default=1.0, help="multiply every duration (0.01 = 100x faster)"
     )
     emulate.add_argument(
-        "--cold-boot", action="store_true", help="start booting: /health fails for the boot time"
+        "--cold-boot",
+        action="store_true",
+        help="start booting: vLLM and SGLang refuse connections while they load, llama-server answers 503",
+    )
+    emulate.add_argument(
+        "--engine-args",
+        default=None,
+        help="the engine flags that change what it reports, replacing the profile's (the deploy recipe's), "
+        "e.g. '--enable-prompt-tokens-details' (vLLM) or '--enable-cache-report' (SGLang)",
     )
     emulate.set_defaults(func=cmd_emulate)
 
@@ -325,17 +341,25 @@ def cmd_ledger_migrate(args: argparse.Namespace) -> int:
 def cmd_check(args: argparse.Namespace) -> int:
     from gateway.policy.check import check_main
 
-    return check_main(args.file)
+    return check_main(args.file, live=args.live)
 
 
 def cmd_emulate(args: argparse.Namespace) -> int:
+    import shlex
+
     from gateway.emulator import PROFILES, run_emulator
 
     if args.profile not in PROFILES:
         print(f"unknown profile '{args.profile}'; choose one of: {', '.join(PROFILES)}", file=sys.stderr)
         return 2
+    engine_args = None if args.engine_args is None else tuple(shlex.split(args.engine_args))
     run_emulator(
-        args.profile, host=args.host, port=args.port, time_scale=args.time_scale, cold_boot=args.cold_boot
+        args.profile,
+        host=args.host,
+        port=args.port,
+        time_scale=args.time_scale,
+        cold_boot=args.cold_boot,
+        engine_args=engine_args,
     )
     return 0
 

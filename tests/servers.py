@@ -43,10 +43,12 @@ def wait_http(url: str, timeout: float = 30.0, ok_statuses: tuple[int, ...] = (2
 class ThreadedServer:
     """Runs an ASGI app with uvicorn in a background thread with its own event loop."""
 
-    def __init__(self, app: Any, port: int | None = None) -> None:
+    def __init__(
+        self, app: Any, port: int | None = None, server_cls: type[uvicorn.Server] = uvicorn.Server
+    ) -> None:
         self.port = port or free_port()
         config = uvicorn.Config(app, host="127.0.0.1", port=self.port, log_level="warning", lifespan="on")
-        self.server = uvicorn.Server(config)
+        self.server = server_cls(config)
         self.thread = threading.Thread(target=self._run, daemon=True)
 
     @property

@@ -122,6 +122,7 @@ def test_service_selects_the_pods_and_exposes_the_container_port(manifest: Path)
                 "--tensor-parallel-size 8",
                 "--reasoning-parser kimi_k3",
                 "--enable-prefix-caching",
+                "--enable-prompt-tokens-details",  # else cached tokens read 0 (docs/contracts/vllm.yaml)
                 "--max-num-seqs 64",
                 "--max-model-len",
                 "--gpu-memory-utilization",
@@ -222,8 +223,10 @@ def test_real_pools_policy_points_at_what_the_recipes_expose(
 def test_the_sglang_recipe_enables_metrics_and_its_policy_checks() -> None:
     script = (DEPLOY / "sglang" / "serve-kimi-k3.sh").read_text()
     assert "--enable-metrics" in script and "--reasoning-parser" in script
+    assert "--enable-cache-report" in script  # else cached tokens read 0 (docs/contracts/sglang.yaml)
     compiled = load_policy(DEPLOY / "sglang" / "policy.yaml", environ={})
     (backend,) = compiled.backends.values()
     assert backend.dialect == "sglang" and backend.signals.metrics_url is not None
+    assert backend.signals.health_timeout_s > 1.2  # /health is a one-token generation
     port = re.search(r'PORT="\$\{PORT:-(\d+)\}"', script)
     assert port is not None and f":{port.group(1)}/" in backend.base_url + "/"

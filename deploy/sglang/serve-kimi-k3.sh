@@ -10,7 +10,11 @@ MODEL="${MODEL:-moonshotai/Kimi-K3}"
 PORT="${PORT:-30000}"
 
 # --enable-metrics: without it /metrics is absent and the gateway routes on its own counts only.
+# --enable-cache-report: without it SGLang never sends prompt_tokens_details.cached_tokens, and the gateway
+#   prices every cached prompt token as fresh prefill.
 # --max-running-requests 64: the same batch ceiling as the vLLM pool, so the two price alike per token.
+# /health runs a one-token generation (>= 1 s): policy.yaml's health_timeout_s sits above it. Keep
+# SGLANG_ENABLE_HEALTH_ENDPOINT_GENERATION at its default (true): a 200 then proves the engine generates.
 exec python -m sglang.launch_server \
   --model-path "$MODEL" \
   --served-model-name moonshotai/Kimi-K3 \
@@ -21,6 +25,7 @@ exec python -m sglang.launch_server \
   --reasoning-parser kimi_k3 \
   --tool-call-parser kimi_k3 \
   --enable-metrics \
+  --enable-cache-report \
   --max-running-requests 64 \
   --context-length 131072 \
   --mem-fraction-static 0.90

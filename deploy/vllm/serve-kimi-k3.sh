@@ -21,6 +21,7 @@ exec vllm serve "$MODEL" \
   --enable-auto-tool-choice \
   --tool-call-parser kimi_k3 \
   --enable-prefix-caching \
+  --enable-prompt-tokens-details \
   --max-num-seqs 64 \
   --max-model-len 131072 \
   --gpu-memory-utilization 0.92

@@ -227,9 +227,27 @@ def _error_fields(raw: bytes) -> tuple[str, str | None, str | None]:
     except orjson.JSONDecodeError:
         return raw[:200].decode("utf-8", "replace"), None, None
     error = parsed.get("error") if isinstance(parsed, dict) else None
+    if isinstance(parsed, dict) and error is None and isinstance(parsed.get("message"), str):
+        error = parsed  # SGLang's errors are flat: {"object": "error", "message", "type", "param", "code"}
     if isinstance(error, dict):
         code = error.get("code")
-        return str(error.get("message", "")), None if code is None else str(code), error.get("param")
+        message = str(error.get("message", ""))
+        if _context_length_exceeded(error.get("type"), message):
+            code = "context_length_exceeded"  # the OpenAI code, whatever the engine calls it
+        return message, None if code is None else str(code), error.get("param")
     if isinstance(error, str):
         return error, None, None
     return str(parsed)[:200], None, None
+
+
+# How each engine says a prompt is past its context (docs/contracts/*.yaml, limits.context_length): none
+# sends OpenAI's "context_length_exceeded" code.
+_CONTEXT_MESSAGES = (
+    "maximum context length",
+    "longer than the model's context length",
+    "exceeds the available context size",
+)
+
+
+def _context_length_exceeded(kind: object, message: str) -> bool:
+    return kind == "exceed_context_size_error" or any(words in message for words in _CONTEXT_MESSAGES)

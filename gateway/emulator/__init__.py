@@ -3,6 +3,7 @@ performance profiles built from published figures, with fault knobs for tests an
 """
 
 from gateway.emulator.app import create_emulator_app, run_emulator
+from gateway.emulator.listener import GatedServer
 from gateway.emulator.profiles import PROFILES, Profile
 
-__all__ = ["PROFILES", "Profile", "create_emulator_app", "run_emulator"]
+__all__ = ["PROFILES", "GatedServer", "Profile", "create_emulator_app", "run_emulator"]

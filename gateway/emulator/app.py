@@ -7,7 +7,8 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+from dataclasses import replace
 from typing import Any, cast
 
 import orjson
@@ -22,10 +23,12 @@ from gateway.emulator.anthropic_api import messages
 from gateway.emulator.embeddings import embeddings
 from gateway.emulator.exposition import metrics_text, slots_json
 from gateway.emulator.faults import Faults, FaultsError
+from gateway.emulator.listener import GatedServer
 from gateway.emulator.parsing import Endpoint
 from gateway.emulator.profiles import Profile, resolve_profile
 from gateway.emulator.replies import SERVER_SEND_KEY
 from gateway.emulator.serving import Emulator, json_response
+from gateway.emulator.switches import health_generation_enabled
 
 PROMETHEUS_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
@@ -45,8 +48,15 @@ def create_emulator_app(
     cold_boot: bool = False,
     seed: int = 0,
     clock: Callable[[], float] = time.monotonic,
+    engine_args: tuple[str, ...] | None = None,
+    environ: Mapping[str, str] | None = None,
 ) -> Starlette:
+    """``engine_args`` replaces the profile's engine flags; ``environ`` (default: the process's) is read
+    for the engine's own switches, as the engine reads them at start."""
     chosen = resolve_profile(profile)
+    if engine_args is not None:
+        chosen = replace(chosen, engine_args=tuple(engine_args))
+    env = os.environ if environ is None else environ
     emulator = Emulator(
         chosen,
         time_scale=time_scale,
@@ -67,12 +77,15 @@ def create_emulator_app(
     ]
     if chosen.dialect == "llamacpp":
         routes.append(Route("/slots", slots, methods=["GET"]))
+    if chosen.dialect == "sglang":
+        routes.append(Route("/health_generate", health, methods=["GET"]))
     if chosen.dialect != "anthropic":
         routes.append(Route("/v1/embeddings", embeddings, methods=["POST"]))
     if chosen.dialect == "anthropic":
         routes.append(Route("/v1/messages", messages, methods=["POST"]))
     app = _EmulatorApp(routes=routes)
     app.state.emulator = emulator
+    app.state.health_generation = health_generation_enabled(env)
     return app
 
 
@@ -83,9 +96,10 @@ def run_emulator(
     port: int,
     time_scale: float = 1.0,
     cold_boot: bool = False,
+    engine_args: tuple[str, ...] | None = None,
 ) -> None:
-    """Serve one emulated upstream until interrupted."""
-    app = create_emulator_app(profile, time_scale=time_scale, cold_boot=cold_boot)
+    """Serve one emulated upstream until interrupted; vLLM and SGLang do not listen while they load."""
+    app = create_emulator_app(profile, time_scale=time_scale, cold_boot=cold_boot, engine_args=engine_args)
     chosen = resolve_profile(profile)
     boot = f", cold boot {chosen.cold_boot_s * time_scale:g}s" if cold_boot and chosen.cold_boot_s else ""
     print(
@@ -93,7 +107,8 @@ def run_emulator(
         f" at time scale {time_scale:g}{boot}",
         flush=True,
     )
-    uvicorn.run(app, host=host, port=port, log_level="warning", loop="uvloop", http="httptools")
+    config = uvicorn.Config(app, host=host, port=port, log_level="warning", loop="uvloop", http="httptools")
+    GatedServer(config).run()
 
 
 # -- dialect routes ------------------------------------------------------------------------------------
@@ -117,19 +132,23 @@ async def models(request: Request) -> Response:
 
 async def health(request: Request) -> Response:
     emulator = _arrive(request)
-    status, body = emulator.dialect.health(ready=not emulator.engine.booting)
-    return Response(status_code=status) if body is None else json_response(body, status)
+    enabled = bool(request.app.state.health_generation)
+    return await emulator.health(request.url.path, generation_enabled=enabled)
 
 
 async def metrics(request: Request) -> Response:
     emulator = _arrive(request)
+    not_yet = _loading(emulator)
+    if not_yet is not None:
+        return not_yet
     return PlainTextResponse(metrics_text(emulator.engine), media_type=PROMETHEUS_TYPE)
 
 
 async def slots(request: Request) -> Response:
     emulator = _arrive(request)
-    if emulator.engine.booting:
-        return emulator.error_response(503, "Loading model")
+    not_yet = _loading(emulator)
+    if not_yet is not None:
+        return not_yet
     return json_response(slots_json(emulator.engine))
 
 
@@ -162,6 +181,15 @@ async def state(request: Request) -> Response:
 
 
 # -- helpers -------------------------------------------------------------------------------------------
+
+
+def _loading(emulator: Emulator) -> Response | None:
+    """What a load-signal GET gets while booting: no answer (vLLM, SGLang), llama-server's 503."""
+    if emulator.refuses_connections():
+        return emulator.refusal_cut()
+    if emulator.engine.booting and emulator.profile.dialect == "llamacpp":
+        return emulator.error_response(503, "Loading model")  # llama.cpp/tools/server/server-http.cpp:307-327
+    return None
 
 
 def _emulator(request: Request) -> Emulator:

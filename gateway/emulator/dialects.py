@@ -135,6 +135,14 @@ class OpenAIDialect:
     def error(self, status: int, message: str) -> Json:
         return openai_error(status, message)
 
+    def context_error(self, prompt_tokens: int, context: int, *, stream: bool) -> Json:
+        message = (
+            f"This model's maximum context length is {context} tokens. However, your messages resulted in "
+            f"{prompt_tokens} tokens. Please reduce the length of the messages."
+        )
+        return {"error": {"message": message, "type": "invalid_request_error", "param": "messages",
+                          "code": "context_length_exceeded"}}  # fmt: skip
+
     def health(self, ready: bool) -> tuple[int, Json | None]:
         return (200, {"status": "ok"}) if ready else (503, self.error(503, "The server is starting up."))
 
@@ -173,8 +181,9 @@ class VllmDialect(OpenAIDialect):
         if turn.endpoint == "chat":
             reasoning = min(completion_tokens, turn.reasoning_tokens)
             usage["completion_tokens_details"] = {"reasoning_tokens": reasoning}
-            if final:  # vLLM adds prompt details only to the final usage
-                usage["prompt_tokens_details"] = {"cached_tokens": turn.cached_tokens}
+            if final:  # vLLM adds prompt details only to the final usage, and only with its flag
+                details = {"cached_tokens": turn.cached_tokens} if turn.report_cached else None
+                usage["prompt_tokens_details"] = details
         return usage
 
     def token_choice(self, turn: Turn, index: int, finish_reason: str | None = None) -> Json:
@@ -224,6 +233,16 @@ class VllmDialect(OpenAIDialect):
             fallback = "Error"
         return {
             "error": {"message": message, "type": names.get(status, fallback), "param": None, "code": status}
+        }
+
+    def context_error(self, prompt_tokens: int, context: int, *, stream: bool) -> Json:
+        message = (
+            f"This model's maximum context length is {context} tokens. However, your prompt contains "
+            f"{prompt_tokens} input tokens, which exceeds this limit even without any output tokens. "
+            "Please reduce the length of the input prompt."
+        )
+        return {
+            "error": {"message": message, "type": "BadRequestError", "param": "input_tokens", "code": 400}
         }
 
     def health(self, ready: bool) -> tuple[int, Json | None]:
@@ -322,6 +341,14 @@ class LlamaCppDialect(OpenAIDialect):
         kinds = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
                  404: "not_found_error", 501: "not_supported_error", 503: "unavailable_error"}  # fmt: skip
         return {"error": {"code": status, "message": message, "type": kinds.get(status, "server_error")}}
+
+    def context_error(self, prompt_tokens: int, context: int, *, stream: bool) -> Json:
+        message = (
+            f"request ({prompt_tokens} tokens) exceeds the available context size ({context} tokens), "
+            "try increasing it"
+        )
+        return {"error": {"code": 400, "message": message, "type": "exceed_context_size_error",
+                          "n_prompt_tokens": prompt_tokens, "n_ctx": context}}  # fmt: skip
 
     def health(self, ready: bool) -> tuple[int, Json | None]:
         return (200, {"status": "ok"}) if ready else (503, self.error(503, "Loading model"))

@@ -150,6 +150,15 @@ class Engine:
     def booting(self) -> bool:
         return self.now() < self._boot_s
 
+    @property
+    def loading(self) -> bool:
+        """Booting and not yet warming up: the weights are still loading."""
+        return self.loading_left_s() > 0
+
+    def loading_left_s(self) -> float:
+        """Emulated seconds until the weights are loaded; 0 when they are."""
+        return max(0.0, self._boot_s - self.profile.warmup_s - self.now())
+
     def boot_for(self, emulated_s: float) -> None:
         """Start a cold boot now (a restart): not ready for ``emulated_s`` emulated seconds."""
         self._boot_s = self.now() + emulated_s

@@ -75,7 +75,11 @@ def _kv_usage(engine: Engine) -> float:
 
 
 def _sglang_metrics(engine: Engine) -> str:
-    labels = {"model_name": engine.profile.model, "tp_rank": "0", "pp_rank": "0"}
+    # The scheduler's labels (metrics_collector.py:1382-1392): one TP=8 server is the tp_rank 0 series.
+    labels = {"model_name": engine.profile.model, "engine_type": "unified", "tp_rank": "0", "pp_rank": "0",
+              "moe_ep_rank": "0"}  # fmt: skip
+    # The TTFT histogram is the tokenizer manager's (metrics_collector.py:1805-1812, 2041-2048).
+    ttft_labels = {"model_name": engine.profile.model, "engine_type": "unified", "is_streaming": "true"}
     totals = engine.totals
     throughput = engine.running * engine.per_stream_tokens_per_s()
     return "".join(
@@ -92,7 +96,7 @@ def _sglang_metrics(engine: Engine) -> str:
             _family("sglang:generation_tokens_total", "counter", "Number of generation tokens processed.",
                     [("", labels, totals.generation_tokens)]),
             _family("sglang:time_to_first_token_seconds", "histogram",
-                    "Histogram of time to first token in seconds.", _ttft_buckets(engine, labels)),
+                    "Histogram of time to first token in seconds.", _ttft_buckets(engine, ttft_labels)),
         ]
     )  # fmt: skip
 
@@ -115,7 +119,8 @@ def _vllm_metrics(engine: Engine) -> str:
             _family("vllm:generation_tokens_total", "counter", "Number of generation tokens processed.",
                     [("", labels, totals.generation_tokens)]),
             _family("vllm:request_success_total", "counter", "Count of successfully processed requests.",
-                    [("", labels, totals.completed)]),
+                    [("", {**labels, "finished_reason": reason}, totals.completed if reason == "stop" else 0)
+                     for reason in ("stop", "length", "abort", "error", "repetition")]),
             _family("vllm:time_to_first_token_seconds", "histogram",
                     "Histogram of time to first token in seconds.", buckets),
         ]

@@ -38,6 +38,8 @@ class Faults(BaseModel):
     # Boot again, cold, for this many emulated seconds from now (health answers 503 meanwhile);
     # acted on once when set, then cleared.
     cold_boot_s: float | None = Field(None, gt=0.0)
+    # vLLM's dead engine: /health answers 503 and every request 500 (docs/contracts/vllm.yaml, health.dead).
+    engine_dead: bool = False
 
     def merged(self, patch: Any) -> Faults:
         if not isinstance(patch, dict):

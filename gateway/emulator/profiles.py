@@ -39,6 +39,15 @@ class Profile:
     context_tokens: int  # per sequence (per slot for llama.cpp)
     kv_capacity_tokens: int  # the whole KV cache, for the usage gauges
     cache_block_tokens: int  # prefix-cache granularity; 0 means no prefix cache
+    # The engine's command-line flags that change what it reports (docs/contracts/*.yaml): the profiles
+    # carry the deploy/ recipes' flags, e.g. vLLM's --enable-prompt-tokens-details.
+    engine_args: tuple[str, ...] = ()
+    # The last part of a cold boot during which a server that refused connections while loading listens
+    # and answers 503 (SGLang warming up), emulated seconds.
+    warmup_s: float = 0.0
+    # SGLang's /health runs a one-token generation and polls it once a second: real seconds, whatever the
+    # time scale, because the engine's poll is wall-clock (sglang/srt/entrypoints/http_server.py:777-784).
+    health_generation_s: float = 0.0
 
     def ttft_s(self, uncached_prompt_tokens: int, rng: random.Random) -> float:
         prefill = min(self.prefill_cap_s, uncached_prompt_tokens * self.prefill_s_per_token)
@@ -86,6 +95,7 @@ def _build_profiles() -> dict[str, Profile]:
         context_tokens=262_144,
         kv_capacity_tokens=4_194_304,
         cache_block_tokens=16,
+        engine_args=("--enable-prompt-tokens-details",),  # deploy/vllm/serve-kimi-k3.sh
     )
     a100 = Profile(
         name="a100-llamacpp",
@@ -138,7 +148,16 @@ def _build_profiles() -> dict[str, Profile]:
         tokens_per_s=70.0,
     )
     # SGLang serving the same model on the same GPUs as the vLLM pool, with its own metric names.
-    sglang = replace(b300, name="h200-sglang", dialect="sglang", owned_by="sglang", tokens_per_s=85.0)
+    sglang = replace(
+        b300,
+        name="h200-sglang",
+        dialect="sglang",
+        owned_by="sglang",
+        tokens_per_s=85.0,
+        engine_args=("--enable-metrics", "--enable-cache-report"),  # deploy/sglang/serve-kimi-k3.sh
+        warmup_s=60.0,
+        health_generation_s=1.2,
+    )
     return {p.name: p for p in (b300, a100, paid, anthropic, sglang)}
 
 

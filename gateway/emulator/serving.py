@@ -44,6 +44,13 @@ CONTINUATION_STYLES: dict[str, ContinuationStyle] = {
     "llamacpp": "llamacpp",
     "openai": "partial",
 }
+# The flag without which each engine leaves prompt_tokens_details out (docs/contracts:
+# usage.cached_tokens_flag); the other dialects always report cached tokens.
+CACHED_TOKENS_FLAGS = {"vllm": "--enable-prompt-tokens-details", "sglang": "--enable-cache-report"}
+# Dialects whose server does not listen while the weights load (docs/contracts: health.refused_while_loading).
+REFUSE_WHILE_LOADING = frozenset({"vllm", "sglang"})
+# vllm/v1/engine/exceptions.py:22 EngineDeadError.CLIENT_MESSAGE, as error_response.py:67-71 sends it.
+ENGINE_DEAD_MESSAGE = "The server had an error while processing your request."
 BOOTING_MESSAGE = {
     "vllm": "The server is starting up.",
     "llamacpp": "Loading model",
@@ -76,10 +83,28 @@ class Emulator:
         self._prefix_cache = PrefixCache(profile.cache_block_tokens)
         # Only the paid API checks keys, and only when EMULATOR_API_KEY was set at creation.
         self._api_key = api_key if profile.dialect in ("openai", "anthropic") else None
+        flag = CACHED_TOKENS_FLAGS.get(profile.dialect)
+        self.reports_cached_tokens = flag is None or flag in profile.engine_args
+        self.health_generations = 0  # SGLang: health checks that ran a one-token generation
+        self._rebooted = asyncio.Event()
+
+    def refuses_connections(self) -> bool:
+        """Whether the server is not listening at all now (vLLM and SGLang while the weights load)."""
+        return self.profile.dialect in REFUSE_WHILE_LOADING and self.engine.loading
+
+    def loading_left_s(self) -> float:
+        """Real seconds until the weights are loaded (``listener.GatedServer`` listens then)."""
+        return self.engine.real_s(self.engine.loading_left_s())
+
+    async def reboot(self) -> None:
+        """Returns when a cold boot begins (the cold_boot_s fault)."""
+        self._rebooted.clear()
+        await self._rebooted.wait()
 
     def set_faults(self, faults: Faults) -> None:
         if faults.cold_boot_s is not None:
             self.engine.boot_for(faults.cold_boot_s)
+            self._rebooted.set()
             faults = faults.model_copy(update={"cold_boot_s": None})
         self.faults = faults
         self.engine.set_slowdown(faults.slowdown)
@@ -88,10 +113,36 @@ class Emulator:
     def error_response(self, status: int, message: str) -> Response:
         return json_response(self.dialect.error(status, message), status)
 
+    async def health(self, path: str, *, generation_enabled: bool) -> Response:
+        """Health over the server's life (docs/contracts, health): not listening while vLLM or SGLang load,
+        503 while llama-server loads or SGLang warms up, 503 from a dead vLLM engine, else 200, after a
+        one-token generation on SGLang unless SGLANG_ENABLE_HEALTH_ENDPOINT_GENERATION=false."""
+        if self.refuses_connections():
+            return self.refusal_cut()
+        dialect = self.profile.dialect
+        if self.engine.booting:
+            return _health_answer(*self.dialect.health(ready=False))
+        if dialect == "vllm" and self.faults.engine_dead:
+            return Response(status_code=503)  # vllm/entrypoints/serve/instrumentator/health.py:32-33
+        if dialect == "sglang" and (path == "/health_generate" or generation_enabled):
+            # A one-token request, polled once a second (sglang/srt/entrypoints/http_server.py:750-784).
+            self.health_generations += 1
+            await asyncio.sleep(self.profile.health_generation_s)
+        return _health_answer(*self.dialect.health(ready=True))
+
+    def refusal_cut(self) -> Response:
+        """No answer at all: what a server that is not listening gives, when served in process without
+        ``listener.GatedServer`` (which does not even accept the connection)."""
+        return Reply(_abort())
+
     def refusal(self, request: Request) -> Response | None:
-        """The answer for any /v1 request this upstream cannot take yet: booting, or a wrong key."""
+        """The answer for any /v1 request this upstream cannot take yet: booting, dead, or a wrong key."""
+        if self.refuses_connections():
+            return self.refusal_cut()
         if self.engine.booting:
             return self.error_response(503, BOOTING_MESSAGE[self.profile.dialect])
+        if self.faults.engine_dead:  # vLLM's EngineDeadError: a 500 on every request
+            return self.error_response(500, ENGINE_DEAD_MESSAGE)
         key = self._api_key
         if key is not None and key not in (request.headers.get("x-api-key"), _bearer(request)):
             return self.error_response(401, "Incorrect API key provided.")
@@ -114,6 +165,9 @@ class Emulator:
             )
         except BadRequest as exc:
             return self.error_response(400, str(exc))
+        too_long = self._context_error(parsed)
+        if too_long is not None:
+            return too_long
         faults = self.faults
         limited = self._rate_limited(faults)
         if limited is not None:
@@ -139,6 +193,7 @@ class Emulator:
             "model": self.profile.model,
             "time_scale": engine.time_scale,
             "booting": engine.booting,
+            "health_generations": self.health_generations,
             "running": engine.running,
             "waiting": engine.waiting,
             "max_running": self.profile.max_running,
@@ -165,6 +220,19 @@ class Emulator:
         real_wait_s = self.engine.real_s(wait_s)
         message = f"Rate limit reached: {limit} requests per min. Please try again in {real_wait_s:.3f}s."
         return json_response(openai_error(429, message), 429, retry_after_headers(real_wait_s, limit))
+
+    def _context_error(self, parsed: CompletionRequest) -> Response | None:
+        """The engine's own answer to a prompt past its context (docs/contracts: limits.context_length)."""
+        context = self.profile.context_tokens
+        over = (
+            parsed.prompt_tokens >= context
+            if self.profile.dialect == "llamacpp"
+            else parsed.prompt_tokens > context
+        )
+        if not over:
+            return None
+        body = self.dialect.context_error(parsed.prompt_tokens, context, stream=parsed.stream)
+        return json_response(body, 400)
 
     def _plan(self, parsed: CompletionRequest, faults: Faults) -> tuple[Turn, Plan]:
         profile = self.profile
@@ -200,6 +268,7 @@ class Emulator:
             and (faults.continuous_usage or asked_continuous),
             omit_stream_usage=faults.omit_stream_usage,
             reasoning_field=faults.reasoning_field,
+            report_cached=self.reports_cached_tokens,
             content_offset=content_offset,
             answer_as_reasoning=not parsed.continuation_past_thinking,
             tool_name=parsed.tool_name if content else None,
@@ -291,6 +360,10 @@ def _bearer(request: Request) -> str | None:
 
 def json_response(body: Any, status: int = 200, headers: dict[str, str] | None = None) -> Response:
     return Response(orjson.dumps(body), status_code=status, headers=headers, media_type=JSON_TYPE)
+
+
+def _health_answer(status: int, body: Any) -> Response:
+    return Response(status_code=status) if body is None else json_response(body, status)
 
 
 def _sse(frame: dict[str, Any]) -> bytes:

@@ -31,6 +31,7 @@ class Turn:
     continuous_usage: bool  # vLLM: cumulative usage on every frame
     omit_stream_usage: bool
     reasoning_field: str  # vLLM: "reasoning" or "reasoning_content"
+    report_cached: bool = True  # the engine's flag for cached-token reporting is on (or it needs none)
     content_offset: int = 0  # a continuation's answer words go on from here
     # A continuation whose engine's reasoning parser still thinks it is inside the think channel: the
     # answer words go out in the reasoning field (see parsing._past_thinking).

@@ -19,6 +19,7 @@ from typing import Protocol
 from prometheus_client.parser import text_string_to_metric_families
 
 from gateway.backends.base import Fetched
+from gateway.measure.boot import read_health
 from gateway.policy.compiled import CompiledBackend
 
 # A GET through the process's upstream HTTP stack: (url, headers, timeout_s) -> what came back.
@@ -73,6 +74,10 @@ _SGLANG_STEMS = (
 )
 
 
+# The ranks of one SGLang scheduler group: they run the same batch, so they report the same counts.
+_SGLANG_GROUP_RANKS = frozenset({"tp_rank", "pp_rank", "moe_ep_rank"})
+
+
 def parse_vllm_metrics(text: str, scraped_at: float, previous: LoadSignals | None) -> LoadSignals:
     """Reads vLLM's ``/metrics``; counts are summed over label sets (model_name, engine).
 
@@ -113,8 +118,11 @@ def parse_llamacpp_metrics(text: str, scraped_at: float, previous: LoadSignals |
 
 def parse_sglang_metrics(text: str, scraped_at: float, previous: LoadSignals | None) -> LoadSignals:
     """Reads SGLang's ``/metrics`` (``--enable-metrics``): its throughput is a gauge it computes itself,
-    its KV-cache share is ``token_usage``; counts are summed over label sets (tp/dp ranks)."""
-    samples = _finite_samples(text, _SGLANG_STEMS)
+    its KV-cache share is ``token_usage``; counts are summed over data-parallel ranks. Ranks of one
+    scheduler group (tp_rank, pp_rank, moe_ep_rank) hold the same batch and, with
+    --enable-metrics-for-all-schedulers, all report it: one of them counts (docs/contracts/sglang.yaml,
+    metrics.scheduler_labels)."""
+    samples = _finite_samples(text, _SGLANG_STEMS, same_group=_SGLANG_GROUP_RANKS)
     count = _sum(samples, "sglang:time_to_first_token_seconds_count")
     ttft_sum = _sum(samples, "sglang:time_to_first_token_seconds_sum")
     return LoadSignals(
@@ -144,13 +152,24 @@ def parse_llamacpp_slots(payload: object) -> tuple[int, int]:
     return len(payload), busy
 
 
-def _finite_samples(text: str, stems: tuple[str, ...]) -> dict[str, list[float]]:
+def _finite_samples(
+    text: str, stems: tuple[str, ...], same_group: frozenset[str] = frozenset()
+) -> dict[str, list[float]]:
+    """Finite values per sample name, one per label set; label sets that differ only in the
+    ``same_group`` labels are copies of one reading, and the largest stands for them."""
     wanted = "\n".join(line for line in text.splitlines() if any(stem in line for stem in stems))
-    found: dict[str, list[float]] = {}
+    grouped: dict[tuple[str, frozenset[tuple[str, str]]], float] = {}
     for family in text_string_to_metric_families(wanted):
         for sample in family.samples:
             if math.isfinite(sample.value):
-                found.setdefault(sample.name, []).append(float(sample.value))
+                key = (
+                    sample.name,
+                    frozenset((k, v) for k, v in sample.labels.items() if k not in same_group),
+                )
+                grouped[key] = max(grouped.get(key, -math.inf), float(sample.value))
+    found: dict[str, list[float]] = {}
+    for (name, _), value in grouped.items():
+        found.setdefault(name, []).append(value)
     return found
 
 
@@ -205,12 +224,6 @@ def body_of(reply: Fetched) -> str:
     return reply.text
 
 
-def health_of(status: int | None) -> tuple[bool, bool]:
-    """``(healthy, booting)`` from a health check's status: 200 is up, 503 is loading (vLLM and
-    llama.cpp both answer 503 while they load weights), anything else or no answer is down."""
-    return status == 200, status == 503
-
-
 @dataclass(slots=True)
 class _Watch:
     """What the scraper remembers about one backend between rounds."""
@@ -224,6 +237,11 @@ class _Watch:
     stale: bool = False
     healthy: bool | None = None  # None until the first health answer
     booting: bool = False
+    load_error: str | None = None  # the last load round's errors, and the last health check's
+    health_error: str | None = None
+    health_checked: bool = False
+    first_look_at: float | None = None  # clock of the first health GET, for the policy's expected boot
+    ready_once: bool = False  # answered healthy since the first look: a refusal now is a fall, not a boot
 
 
 class SignalScraper:
@@ -275,7 +293,7 @@ class SignalScraper:
         check right after start-up reports what the backends said rather than "unknown"."""
         with contextlib.suppress(TimeoutError):
             async with asyncio.timeout(timeout_s):
-                while any(w.task is not None and w.last_attempt_at is None for w in self._watches.values()):
+                while any(w.task is not None and not _first_round_done(w) for w in self._watches.values()):
                     self._round_done.clear()
                     await self._round_done.wait()
 
@@ -296,12 +314,13 @@ class SignalScraper:
     async def scrape_once(self, backend: CompiledBackend) -> None:
         """One round: metrics, slots and health, read together. Never raises for a backend's fault."""
         watch = self._watches.setdefault(backend.name, _Watch(backend))
-        signals = backend.signals
         now = self._clock()
-        metrics, slots, health = await asyncio.gather(
-            self._get(backend, signals.metrics_url),
-            self._get(backend, signals.slots_url),
-            self._get(backend, signals.health_url),
+        await asyncio.gather(self._load_round(watch, now), self._health_round(watch, now))
+
+    async def _load_round(self, watch: _Watch, now: float) -> None:
+        backend = watch.backend
+        metrics, slots = await asyncio.gather(
+            self._get(backend, backend.signals.metrics_url), self._get(backend, backend.signals.slots_url)
         )
         watch.last_attempt_at = now
         self._round_done.set()
@@ -311,9 +330,21 @@ class SignalScraper:
             watch.last_scrape_at = now
             self._sink.update_signals(backend.name, load)
         self._note_load_errors(watch, errors)
-        if health is not None:
-            self._note_health(watch, health, errors)
-        watch.last_error = "; ".join(errors) or None
+        watch.load_error = "; ".join(errors) or None
+        watch.last_error = "; ".join(e for e in (watch.load_error, watch.health_error) if e) or None
+
+    async def _health_round(self, watch: _Watch, now: float) -> None:
+        signals = watch.backend.signals
+        # Its own deadline: SGLang's health is a one-token generation, over a second by design.
+        reply = await self._get(watch.backend, signals.health_url, signals.health_timeout_s)
+        if reply is None:
+            return
+        errors: list[str] = []
+        self._note_health(watch, reply, now, errors)
+        watch.health_checked = True
+        self._round_done.set()
+        watch.health_error = "; ".join(errors) or None
+        watch.last_error = "; ".join(e for e in (watch.load_error, watch.health_error) if e) or None
 
     def _start_loops(self) -> None:
         for watch in self._watches.values():
@@ -328,21 +359,36 @@ class SignalScraper:
 
     async def _run(self, watch: _Watch) -> None:
         loop = asyncio.get_running_loop()
-        while True:
-            started = loop.time()
-            try:
-                await self.scrape_once(watch.backend)
-            except Exception:  # a bug (ours or the sink's) must not silently freeze this backend's signals
-                logger.exception("signal round for %s failed", watch.backend.name)
-            interval = watch.backend.signals.interval_s
-            await asyncio.sleep(max(0.0, interval - (loop.time() - started)))
+        health: asyncio.Task[None] | None = None
+        try:
+            while True:
+                started = loop.time()
+                now = self._clock()
+                # The health check runs beside the load round, never in it: SGLang's takes over a second,
+                # and load signals older than a few intervals read as stale.
+                if health is None or health.done():
+                    health = asyncio.create_task(self._guarded(watch, self._health_round(watch, now)))
+                await self._guarded(watch, self._load_round(watch, now))
+                interval = watch.backend.signals.interval_s
+                await asyncio.sleep(max(0.0, interval - (loop.time() - started)))
+        finally:
+            if health is not None:
+                health.cancel()
 
-    async def _get(self, backend: CompiledBackend, url: str | None) -> Fetched | None:
+    async def _guarded(self, watch: _Watch, round_: Awaitable[None]) -> None:
+        try:
+            await round_
+        except Exception:  # a bug (ours or the sink's) must not silently freeze this backend's signals
+            logger.exception("signal round for %s failed", watch.backend.name)
+
+    async def _get(
+        self, backend: CompiledBackend, url: str | None, timeout_s: float | None = None
+    ) -> Fetched | None:
         if url is None:
             return None
         headers = {"Authorization": f"Bearer {backend.api_key}"} if backend.api_key else None
         # Short: a round must not outlive its interval by much, yet a busy box answers slower.
-        return await self._fetch(url, headers, min(max(backend.signals.interval_s, 0.5), 2.0))
+        return await self._fetch(url, headers, timeout_s or min(max(backend.signals.interval_s, 0.5), 2.0))
 
     def _read_load(
         self,
@@ -378,19 +424,30 @@ class SignalScraper:
             logger.info("load signals of %s are fresh again", watch.backend.name)
         watch.stale = stale
 
-    def _note_health(self, watch: _Watch, reply: Fetched, errors: list[str]) -> None:
-        healthy, booting = health_of(reply.status)
+    def _note_health(self, watch: _Watch, reply: Fetched, now: float, errors: list[str]) -> None:
+        if watch.first_look_at is None:
+            watch.first_look_at = now
+        backend = watch.backend
+        reading = read_health(
+            backend.dialect,
+            reply,
+            ready_once=watch.ready_once,
+            waited_s=now - watch.first_look_at,
+            expected_boot_s=backend.signals.expected_boot_s,
+        )
+        watch.ready_once = watch.ready_once or reading.healthy
+        healthy, booting = reading.healthy, reading.booting
         if not healthy:
             errors.append(f"health: {reply.error or f'HTTP {reply.status}'}")
         if (healthy, booting) == (watch.healthy, watch.booting):
             return
-        name = watch.backend.name
+        name = backend.name
         if healthy:
             logger.info("backend %s is healthy", name)
         elif booting:
-            logger.info("backend %s is booting (health answers 503)", name)
+            logger.info("backend %s is %s", name, reading.why)
         else:
-            logger.warning("backend %s is unhealthy: %s", name, errors[-1])
+            logger.warning("backend %s is unhealthy: %s", name, reading.why)
         watch.healthy, watch.booting = healthy, booting
         self._sink.set_health(name, healthy, booting)
 
@@ -412,6 +469,12 @@ def _parse_metrics(dialect: str, text: str, now: float, previous: LoadSignals | 
 def _same_source(old: CompiledBackend, new: CompiledBackend) -> bool:
     """Whether a reload left what is scraped alone, so the previous sample still counts."""
     return old.dialect == new.dialect and old.signals == new.signals
+
+
+def _first_round_done(watch: _Watch) -> bool:
+    return watch.last_attempt_at is not None and (
+        watch.health_checked or not watch.backend.signals.health_url
+    )
 
 
 def _has_signal_urls(backend: CompiledBackend) -> bool:

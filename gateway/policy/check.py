@@ -1,6 +1,8 @@
 """`gateway check FILE`: validate a policy and show what it compiles to, or every problem in it.
 
 Exit status: 0 valid, 1 invalid (one ``file:line:col path: message`` line per problem), 2 unreadable.
+With ``--live`` it also asks every backend about itself (``measure/live.py``); 1 when one a route needs
+is unusable.
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ from gateway.policy.load import PolicyError, PolicyFileUnreadable, load_policy
 from gateway.policy.schema import Slo
 
 
-def check_main(path: str, out: TextIO = sys.stdout) -> int:
+def check_main(path: str, out: TextIO = sys.stdout, *, live: bool = False) -> int:
     try:
         policy = load_policy(path)
     except PolicyFileUnreadable as exc:
@@ -24,6 +26,10 @@ def check_main(path: str, out: TextIO = sys.stdout) -> int:
         print(exc, file=out)
         return 1
     out.write(render_policy(policy))
+    if live:
+        from gateway.measure.live import live_check  # HTTP and rich only when asked to go live
+
+        return live_check(policy, out)
     return 0
 
 

@@ -82,6 +82,13 @@ class Signals(Strict):
     slots_url: str | None = None
     health_url: str | None = None
     interval_s: PositiveFloat = 1.0
+    # The health GET's own deadline: SGLang's /health runs a one-token generation and cannot answer in
+    # under a second (docs/contracts/sglang.yaml, health.generates), so it must not share the scrape's.
+    health_timeout_s: PositiveFloat = 5.0
+    # How long a backend may take from the gateway's first look to its first healthy answer while it
+    # boots (vLLM and SGLang refuse connections while they load: ~27 min for Kimi K3 on vLLM); past it,
+    # a backend that never came up reads as down. None: booting until the first healthy answer.
+    expected_boot_s: PositiveFloat | None = None
 
 
 class Timeouts(Strict):

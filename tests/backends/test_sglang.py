@@ -47,11 +47,16 @@ def test_the_emulator_speaks_sglang_and_the_gateway_reads_its_metrics(
     assert signals.ttft_mean_s is not None and signals.ttft_mean_s > 0  # one request measured
 
 
-def test_parse_sglang_metrics_sums_ranks_and_reads_throughput() -> None:
+def test_parse_sglang_metrics_sums_dp_ranks_counts_tp_ranks_once_and_reads_throughput() -> None:
+    """Data-parallel ranks run their own batches (summed); the TP ranks of one group run the same batch
+    and all report it with --enable-metrics-for-all-schedulers (counted once)."""
     page = """# TYPE sglang:num_running_reqs gauge
-sglang:num_running_reqs{model_name="m",tp_rank="0"} 3.0
-sglang:num_running_reqs{model_name="m",tp_rank="1"} 2.0
+sglang:num_running_reqs{model_name="m",tp_rank="0",dp_rank="0"} 3.0
+sglang:num_running_reqs{model_name="m",tp_rank="1",dp_rank="0"} 3.0
+sglang:num_running_reqs{model_name="m",tp_rank="2",dp_rank="1"} 2.0
+sglang:num_running_reqs{model_name="m",tp_rank="3",dp_rank="1"} 2.0
 sglang:num_queue_reqs{model_name="m",tp_rank="0"} 7.0
+sglang:num_queue_reqs{model_name="m",tp_rank="1"} 7.0
 sglang:token_usage{model_name="m",tp_rank="0"} 0.25
 sglang:gen_throughput{model_name="m",tp_rank="0"} 812.5
 sglang:time_to_first_token_seconds_sum{model_name="m"} 6.0

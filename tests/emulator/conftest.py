@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from gateway.emulator import create_emulator_app
+from gateway.emulator import GatedServer, create_emulator_app
 from tests.servers import ThreadedServer
 
 StartEmulator = Callable[..., ThreadedServer]
@@ -19,7 +19,8 @@ def emulator() -> Iterator[StartEmulator]:
     started: list[ThreadedServer] = []
 
     def start(profile: str, **options: Any) -> ThreadedServer:
-        server = ThreadedServer(create_emulator_app(profile, **options)).start()
+        # Gated: vLLM and SGLang do not listen while they load, as the real servers.
+        server = ThreadedServer(create_emulator_app(profile, **options), server_cls=GatedServer).start()
         started.append(server)
         return server
 

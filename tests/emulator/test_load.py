@@ -8,6 +8,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 import httpx
+import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from tests.emulator.conftest import StartEmulator
@@ -150,18 +151,19 @@ async def test_a_client_that_leaves_gives_its_slot_back(emulator: StartEmulator)
         await eventually(idle)
 
 
-async def test_vllm_cold_boot_fails_health_then_passes(emulator: StartEmulator) -> None:
+async def test_vllm_cold_boot_refuses_connections_then_answers(emulator: StartEmulator) -> None:
+    """vLLM does not listen while it loads (docs/contracts/vllm.yaml, health.refused_while_loading)."""
     server = emulator("b300-vllm", time_scale=0.0002, cold_boot=True)  # 27 min -> 0.32 s
     async with httpx.AsyncClient(base_url=server.url) as client:
-        health = await client.get("/health")
-        completion = await client.post("/v1/chat/completions", json=chat_body(stream=False))
-        assert (await client.get("/emulator/state")).json()["booting"] is True
-    assert health.status_code == 503
-    assert completion.status_code == 503 and completion.json()["error"]["code"] == 503
+        with pytest.raises(httpx.ConnectError):
+            await client.get("/health")
+        with pytest.raises(httpx.ConnectError):
+            await client.post("/v1/chat/completions", json=chat_body(stream=False))
     await asyncio.to_thread(wait_http, f"{server.url}/health", 10.0)
     async with httpx.AsyncClient(base_url=server.url) as client:
         health = await client.get("/health")
         completion = await client.post("/v1/chat/completions", json=chat_body(stream=False))
+        assert (await client.get("/emulator/state")).json()["booting"] is False
     assert health.status_code == 200 and health.content == b""
     assert completion.status_code == 200
 

@@ -19,8 +19,10 @@ import orjson
 import pytest
 from openai.types.chat import ChatCompletionMessageParam
 
+from gateway.backends.base import Fetched
 from gateway.emulator.dialects import LlamaCppDialect
-from gateway.measure.signals import health_of, parse_llamacpp_metrics, parse_llamacpp_slots
+from gateway.measure.boot import read_health
+from gateway.measure.signals import parse_llamacpp_metrics, parse_llamacpp_slots
 from gateway.request.observation import Observation
 from tests.conftest import Gateway
 from tests.real.conftest import (
@@ -419,7 +421,9 @@ def test_health_answers_503_while_the_model_loads(tmp_path: Any) -> None:
     assert {status for status, _ in seen} <= {200, 503}
     assert seen[-1] == (200, {"status": "ok"})
     assert loading and loading[0] == LlamaCppDialect().error(503, "Loading model"), seen[:3]
-    assert health_of(503) == (False, True) and health_of(200) == (True, False)
+    loading_read = read_health("llamacpp", Fetched(503), ready_once=False, waited_s=0.0, expected_boot_s=None)
+    assert (loading_read.healthy, loading_read.booting) == (False, True)
+    assert read_health("llamacpp", Fetched(200), ready_once=False, waited_s=0.0, expected_boot_s=None).healthy
 
 
 def test_ledger_metrics_and_cost_carry_the_real_measurements(real_gateway: Gateway) -> None:

@@ -516,7 +516,9 @@ async def test_unreachable_backend_is_unhealthy_and_logged_once(
     with threaded_server(Upstream().app()) as gone:
         base = gone.url
     scraper = SignalScraper(sink, backends.fetch)
-    backend = make_backend("down", base, "vllm")
+    # llama-server listens before it loads: a refused connection is a server that is not there.
+    # (vLLM's would read as booting: it refuses while it loads; tests/unit/test_boot.py.)
+    backend = make_backend("down", base, "llamacpp")
     try:
         for _ in range(3):
             await scraper.scrape_once(backend)

@@ -1,0 +1,167 @@
+"""One function per contract check ``kind``: start the target the way the check needs, ask, assert.
+
+Kinds: boot, health_ready, health_dead, health_switch, metric, cached_tokens, reasoning_field,
+context_error, models. No check asserts an upper bound on time; ``min_s`` is a lower bound (a server that
+by design cannot answer sooner).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import Any
+
+import httpx
+from prometheus_client.parser import text_string_to_metric_families
+
+from tests.contract.targets import Running, Start
+
+Check = Callable[[Start, dict[str, Any]], None]
+HELLO = [{"role": "user", "content": "Say hello in one word."}]
+# Long enough to span several prefix-cache blocks, so a repeat of it is served from the cache.
+REPEATED = [{"role": "user", "content": " ".join(f"fact{i}" for i in range(120)) + " Summarise."}]
+
+
+def chat(running: Running, messages: list[dict[str, str]], **extra: Any) -> httpx.Response:
+    body = {"model": "m", "messages": messages, "max_tokens": 8, **extra}
+    return httpx.post(running.url + "/v1/chat/completions", json=body, timeout=120)
+
+
+def check_boot(start: Start, check: dict[str, Any]) -> None:
+    """While loading, /health is refused (vLLM, SGLang) or 503 (llama-server); then 200."""
+    with start(cold_boot=True) as running:
+        seen: list[int | str] = []
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            try:
+                status = httpx.get(running.url + "/health", timeout=5).status_code
+            except httpx.ConnectError:
+                seen.append("refused")
+            else:
+                seen.append(status)
+                if status == 200:
+                    break
+            time.sleep(0.01)
+        assert seen and seen[-1] == 200, f"never healthy: {seen[-5:]}"
+        loading = seen[0]
+        assert loading == check["while_loading"], (
+            f"while loading: {loading!r}, then {sorted(set(map(str, seen)))}"
+        )
+
+
+def check_health_ready(start: Start, check: dict[str, Any]) -> None:
+    with start() as running:
+        began = time.monotonic()
+        status = httpx.get(running.url + "/health", timeout=30).status_code
+        took = time.monotonic() - began
+    assert status == check["status"]
+    if "min_s" in check:
+        assert took >= check["min_s"], f"answered in {took:.3f}s: no one-token generation behind it"
+
+
+def check_health_dead(start: Start, check: dict[str, Any]) -> None:
+    with start() as running:
+        if running.real:
+            raise AssertionError("a dead engine is emulated only")
+        running.emulator("/emulator/faults", {"engine_dead": True})
+        assert httpx.get(running.url + "/health", timeout=10).status_code == check["status"]
+        assert chat(running, HELLO).status_code == 500  # every request fails meanwhile
+
+
+def check_health_switch(start: Start, check: dict[str, Any]) -> None:
+    with start(environ=check["env"]) as running:
+        assert httpx.get(running.url + "/health", timeout=30).status_code == check["status"]
+        assert running.emulator("/emulator/state")["health_generations"] == 0
+        # /health_generate still generates.
+        assert httpx.get(running.url + "/health_generate", timeout=30).status_code == 200
+        assert running.emulator("/emulator/state")["health_generations"] == 1
+
+
+def check_metric(start: Start, check: dict[str, Any]) -> None:
+    with start() as running:
+        assert chat(running, HELLO).status_code == 200  # so that every series has been touched
+        text = httpx.get(running.url + "/metrics", timeout=10).text
+    name = check["name"]
+    families = {family.name: family for family in text_string_to_metric_families(text)}
+    family = families.get(name) or families.get(name.removesuffix("_total"))
+    assert family is not None, f"{name} not on /metrics; found {sorted(families)[:40]}"
+    assert family.type == check["type"]
+    assert family.samples, f"{name} has no sample"
+    for sample in family.samples:
+        labels = set(sample.labels) - {"le"}
+        assert labels == set(check["labels"]), f"{sample.name}{sample.labels}"
+
+
+def _cached(usage: dict[str, Any]) -> int | None:
+    details = usage.get("prompt_tokens_details")
+    return details.get("cached_tokens") if isinstance(details, dict) else None
+
+
+def check_cached_tokens(start: Start, check: dict[str, Any]) -> None:
+    """With the flag (or with none needed) cached tokens are reported, and a repeated prompt has some;
+    without the flag prompt_tokens_details is absent or null."""
+    flag = check["flag"]
+    with start() as running:
+        if flag is not None and not running.real:
+            # The profile carries the recipe's flags: started without this one, nothing is reported.
+            with start(engine_args=()) as bare:
+                usage = chat(bare, REPEATED).json()["usage"]
+                assert _cached(usage) is None, usage
+        first = chat(running, REPEATED).json()["usage"]
+        second = chat(running, REPEATED).json()["usage"]
+    assert isinstance(_cached(first), int), first
+    cached = _cached(second)
+    assert isinstance(cached, int) and 0 < cached <= second["prompt_tokens"], second
+
+
+def check_reasoning_field(start: Start, check: dict[str, Any]) -> None:
+    with start() as running:
+        whole = chat(running, HELLO, max_tokens=200).json()["choices"][0]["message"]
+        body = {"model": "m", "messages": HELLO, "max_tokens": 200, "stream": True}
+        with httpx.stream("POST", running.url + "/v1/chat/completions", json=body, timeout=60) as reply:
+            text = reply.read().decode()
+    assert whole.get(check["message"]), whole
+    assert f'"{check["delta"]}":' in text and '"delta":' in text
+    other = {"reasoning", "reasoning_content"} - {check["delta"]}
+    assert not any(f'"{name}":"' in text for name in other), "thinking under another name too"
+
+
+def _at(body: dict[str, Any], dotted: str) -> Any:
+    value: Any = body
+    for key in dotted.split("."):
+        value = value[key]
+    return value
+
+
+def check_context_error(start: Start, check: dict[str, Any]) -> None:
+    with start(context_tokens=256) as running:
+        limit = running.context_tokens or 256
+        too_long = [{"role": "user", "content": " ".join(["lorem"] * (limit * 2))}]
+        reply = chat(running, too_long)
+    assert reply.status_code == check["status"], reply.text
+    body = reply.json()
+    for dotted, expected in check["fields"].items():
+        assert _at(body, dotted) == expected, body
+    message = body["error"]["message"] if "error" in body else body["message"]
+    assert check["message_contains"] in message, message
+
+
+def check_models(start: Start, check: dict[str, Any]) -> None:
+    with start() as running:
+        listed = httpx.get(running.url + "/v1/models", timeout=10).json()
+    (model,) = listed["data"]
+    assert model["owned_by"] == check["owned_by"]
+    assert set(check["fields"]) <= set(model), sorted(model)
+
+
+CHECKS: dict[str, Check] = {
+    "boot": check_boot,
+    "health_ready": check_health_ready,
+    "health_dead": check_health_dead,
+    "health_switch": check_health_switch,
+    "metric": check_metric,
+    "cached_tokens": check_cached_tokens,
+    "reasoning_field": check_reasoning_field,
+    "context_error": check_context_error,
+    "models": check_models,
+}

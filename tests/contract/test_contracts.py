@@ -1,0 +1,90 @@
+"""The engine contracts, entry for entry, against every emulator profile of the dialect and, for
+llama.cpp, the real llama-server: an emulator can no longer drift from the engine it stands for."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.contract.checks import CHECKS
+from tests.contract.contracts import CITATION, SECTIONS, Entry, checked_entries, contract, dialects, entries
+from tests.contract.targets import REAL_LLAMA, Running, emulator, real_llama, targets_of
+
+
+def _cases() -> list[Any]:
+    cases = []
+    for entry in checked_entries():
+        assert entry.check is not None
+        for target in targets_of(entry.dialect):
+            if target == REAL_LLAMA and entry.check.get("real") == "skip":
+                continue
+            marks = [pytest.mark.slow] if target == REAL_LLAMA else []
+            cases.append(pytest.param(entry, target, id=f"{entry.name}@{target}", marks=marks))
+    return cases
+
+
+@pytest.fixture(scope="session")
+def shared_llama(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    from tests.real.conftest import skip_without_setup, start_llama_server, wait_for_boot
+
+    skip_without_setup()
+    log_path = tmp_path_factory.mktemp("contract-llama") / "server.log"
+    process, url = start_llama_server(log_path)
+    try:
+        wait_for_boot(process, url, log_path)
+        yield url
+    finally:
+        process.stop()
+
+
+@pytest.mark.parametrize(("entry", "target"), _cases())
+def test_the_target_keeps_the_contract(
+    entry: Entry, target: str, request: pytest.FixtureRequest, tmp_path: Path
+) -> None:
+    assert entry.check is not None
+    check = {key: value for key, value in entry.check.items() if key not in ("kind", "real")}
+
+    def start(**options: Any) -> contextlib.AbstractContextManager[Running]:
+        if target != REAL_LLAMA:
+            return emulator(target, **options)
+        if options.get("cold_boot"):
+            from tests.real.conftest import skip_without_setup
+
+            skip_without_setup()
+            return real_llama(tmp_path, shared=None, **options)
+        if options.get("context_tokens") is not None:
+            options = {**options, "context_tokens": None}  # the real server keeps its own context
+        return real_llama(tmp_path, shared=request.getfixturevalue("shared_llama"), **options)
+
+    CHECKS[entry.check["kind"]](start, check)
+
+
+@pytest.mark.parametrize("dialect", dialects())
+def test_every_entry_names_its_source_and_version(dialect: str) -> None:
+    document = contract(dialect)
+    assert document["pinned"] and document["source"] and document["supported"]
+    assert set(document) - {
+        "engine",
+        "dialect",
+        "pinned",
+        "source",
+        "supported",
+        "emulator_profiles",
+        "real",
+    } <= set(SECTIONS)
+    found = entries(dialect)
+    assert found, f"{dialect}: no entries"
+    ids = [entry.id for entry in found]
+    assert len(ids) == len(set(ids)), "ids repeat"
+    for entry in found:
+        assert entry.id.startswith(entry.section + "."), f"{entry.id}: ids are section.name"
+        assert entry.says.strip() and entry.cite, entry.id
+        for citation in entry.cite:
+            assert CITATION.match(citation), f"{entry.id}: {citation!r} is not path:line in the engine's tree"
+        if entry.check is not None:
+            assert entry.check["kind"] in CHECKS, f"{entry.id}: unknown check {entry.check['kind']}"
+    assert set(document["emulator_profiles"]) == set(targets_of(document["dialect"])) - {REAL_LLAMA}
