@@ -6,6 +6,7 @@ credentials are read from the environment at load time, so nothing is parsed on 
 
 from __future__ import annotations
 
+import ssl
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
@@ -74,6 +75,11 @@ class CompiledBackend:
     prior_prefill_tokens_per_s: float = 10_000.0
     family: str = ""  # the model it serves (its ``model`` unless the policy says otherwise)
     resume: ResumeStyle = "none"  # how it continues an answer another backend started
+    # The wire client's settings: the policy's TLS context (None: the system's), proxies from the
+    # environment or not, connections per origin.
+    tls: ssl.SSLContext | None = field(default=None, repr=False, compare=False)
+    trust_env: bool = True
+    max_connections: int = 1024
 
 
 @dataclass(frozen=True, slots=True)
