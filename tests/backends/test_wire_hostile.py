@@ -1,8 +1,8 @@
 """The wire client against hostile upstreams on loopback, one per defect the review of issue 28 found:
 1xx answers and a second answer that would reach the next request, a POST the upstream read in full
 and that must not be sent twice, floods (head, headers, body), a decompression bomb, corrupt and
-unusual compressed bodies, a redirect that would carry the backend's key elsewhere, and failures
-that must say what failed."""
+unusual compressed bodies, a redirect that would carry the backend's key elsewhere, failures that
+must say what failed, and an SSE event that never ends."""
 
 from __future__ import annotations
 
@@ -15,6 +15,8 @@ import pytest
 
 from gateway.backends.openai_compat import OpenAICompatClient
 from gateway.backends.wire import PAUSE_AT_BYTES, WireError, WirePool
+from gateway.request.meter import MAX_EVENT_BYTES, StreamMeter
+from gateway.request.observation import Attempt
 from tests.backends.test_wire import RawServer, answer, chunk, head_for, read_request
 
 
@@ -364,3 +366,29 @@ async def test_a_connect_failure_says_what_failed() -> None:
         assert fetched.status is None and "DNS" in fetched.error
     finally:
         await client.close()
+
+
+# --- an SSE event that never ends ------------------------------------------------------------------
+
+
+def test_an_sse_event_that_never_ends_makes_the_stream_corrupt_instead_of_being_held() -> None:
+    meter = StreamMeter(Attempt("b", 0.0), client_wants_usage=False, prompt_tokens=1)
+    first = b'data: {"choices":[{"index":0,"delta":{"content":"hi"}}]}\n\n'
+    assert meter.feed(first + b'data: {"choices":[{"delta":{"content":"', 0.0) == first
+    piece = b"x" * 65536
+    fed = 0
+    while not meter.corrupt and fed <= 2 * MAX_EVENT_BYTES:
+        assert meter.feed(piece, 0.0) == b""
+        fed += len(piece)
+    assert meter.corrupt and fed <= MAX_EVENT_BYTES + len(piece)
+
+
+def test_an_event_split_over_many_reads_is_whole_when_its_end_comes() -> None:
+    meter = StreamMeter(Attempt("b", 0.0), client_wants_usage=False, prompt_tokens=1)
+    event = b'data: {"choices":[{"index":0,"delta":{"content":"' + b"y" * 300_000 + b'"}}]}\n\n'
+    out = b"".join(meter.feed(event[n : n + 1000], 0.0) for n in range(0, len(event), 1000))
+    assert out == event and not meter.corrupt and meter.answer_chunks == 1
+    # The end split across reads ("\n" | "\n"), and CRLF streams, are still found.
+    crlf = StreamMeter(Attempt("b", 0.0), client_wants_usage=False, prompt_tokens=1)
+    events = b'data: {"choices":[]}\r\n\r\ndata: {"choices":[]}\r\n\r\n'
+    assert b"".join(crlf.feed(events[n : n + 1], 0.0) for n in range(len(events))) == events
