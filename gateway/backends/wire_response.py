@@ -79,11 +79,24 @@ class WireResponse:
 
     def _on_body(self, data: bytes) -> None:
         inflater = self._inflater
-        if inflater is None:
-            self._deliver(data)
+        if inflater is not None:
+            inflater.feed(data)
+            self._inflate()
             return
-        inflater.feed(data)
-        self._inflate()
+        # ``_deliver``, inlined: this runs once per network read of every stream.
+        take = self._take
+        if take is not None and not self._buffer:
+            if take(data):
+                return
+            self._take = None
+            self._wake(False)
+            return
+        self._buffer.append(data)
+        self._buffered += len(data)
+        conn = self._conn
+        if self._buffered > PAUSE_AT_BYTES and conn is not None:
+            conn.pause()
+        self._wake(False)
 
     def _inflate(self) -> None:
         """Inflate while the reader keeps up; what is left waits for ``_resume`` (the socket is paused
