@@ -69,7 +69,7 @@ class WirePool:
         once written, a request that gets no answer fails (the server may have run it). Cancel it to
         give up (its connection is then cut)."""
         request = head + b"%d\r\n\r\n" % len(body) + body
-        conn = await self._acquire(origin, connect_s, max_connections)
+        conn = self._reusable(origin) or await self._acquire(origin, connect_s, max_connections)
         return await self._exchange(conn, request)
 
     async def get(
@@ -77,14 +77,14 @@ class WirePool:
     ) -> WireResponse:
         """``post`` for a whole GET request (``Origin.get_head``). A GET is safe to repeat, so one a
         kept connection dropped unanswered is sent once more on a new connection."""
-        conn = await self._acquire(origin, connect_s, max_connections)
+        conn = self._reusable(origin) or await self._acquire(origin, connect_s, max_connections)
         reused = conn.idle_since > 0
         try:
             return await self._exchange(conn, head)
         except WireError as exc:
             if not reused or exc.kind != "disconnected" or conn.got_bytes:
                 raise
-        conn = await self._acquire(origin, connect_s, max_connections, fresh=True)
+        conn = await self._acquire(origin, connect_s, max_connections)
         return await self._exchange(conn, head)
 
     async def _exchange(self, conn: Connection, request: bytes) -> WireResponse:
@@ -98,12 +98,9 @@ class WirePool:
             raise
         return response
 
-    async def _acquire(
-        self, origin: Origin, connect_s: float | None, cap: int | None, *, fresh: bool = False
-    ) -> Connection:
-        conn = None if fresh else self._reusable(origin)
-        if conn is not None:
-            return conn
+    async def _acquire(self, origin: Origin, connect_s: float | None, cap: int | None) -> Connection:
+        """A connection that is not idle in the pool: a new one within the cap, else the first one
+        handed back (or the first slot freed), in order."""
         if self._open.get(origin, 0) >= (cap or DEFAULT_MAX_CONNECTIONS):
             waiter: asyncio.Future[Connection | None] = asyncio.get_running_loop().create_future()
             self._waiting.setdefault(origin, deque()).append(waiter)
@@ -158,7 +155,7 @@ class WirePool:
 
     def keep(self, conn: Connection) -> None:
         """A connection free for the next request: handed to the first waiter, else kept idle."""
-        queue = self._waiting.get(conn.origin)
+        queue = self._waiting.get(conn.origin) if self._waiting else None
         while queue:
             waiter = queue.popleft()
             if not waiter.done():

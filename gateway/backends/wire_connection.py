@@ -57,11 +57,16 @@ class Connection(asyncio.Protocol):
         self._read_clock_s: float | None = None
         self._last_read = 0.0
         self._read_timer: asyncio.TimerHandle | None = None
+        self._readable: select.poll | None = None
 
     # asyncio.Protocol
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = cast(asyncio.Transport, transport)  # uvloop's are not asyncio's subclasses
+        sock = transport.get_extra_info("socket")
+        if sock is not None:  # registered once: checking an idle socket is then one poll(2)
+            self._readable = select.poll()
+            self._readable.register(sock.fileno(), select.POLLIN)
 
     def data_received(self, data: bytes) -> None:
         if self.response is None or self.done:  # nothing was asked: a server talking out of turn
@@ -72,10 +77,13 @@ class Connection(asyncio.Protocol):
             self._last_read = self.loop.time()
         failure: WireError | None = None
         try:
-            if self.head_waiter is not None or self._informational:
-                self._feed_head(data)
-            else:
+            if self.head_waiter is None and not self._informational:
                 self._parser.feed_data(data)
+            elif len(data) < self._head_left:  # the usual first read: the whole head within its budget
+                self._head_left -= len(data)
+                self._parser.feed_data(data)
+            else:
+                self._feed_head(data)
         except httptools.HttpParserUpgrade:
             failure = WireError("malformed", "the upstream switched protocols")
         except httptools.HttpParserCallbackError as exc:
@@ -127,13 +135,11 @@ class Connection(asyncio.Protocol):
 
     # httptools callbacks
 
-    def on_message_begin(self) -> None:
-        if self.done:
-            raise WireError("malformed", "the upstream sent a second answer to one request")
-
     def on_header(self, name: bytes, value: bytes) -> None:
         response = self.response
         assert response is not None
+        if self.done:
+            raise WireError("malformed", "the upstream sent a second answer to one request")
         self._header_count += 1
         if self._header_count > self.limits.headers:
             raise WireError("malformed", f"the response has more than {self.limits.headers} headers")
@@ -142,6 +148,8 @@ class Connection(asyncio.Protocol):
     def on_headers_complete(self) -> None:
         response, parser = self.response, self._parser
         assert response is not None
+        if self.done:  # a second answer (on_header says so when it has headers)
+            raise WireError("malformed", "the upstream sent a second answer to one request")
         status = parser.get_status_code()
         if 100 <= status < 200:
             # 100 Continue, 103 Early Hints: a word before the answer, which follows on this
@@ -217,12 +225,7 @@ class Connection(asyncio.Protocol):
         transport = self.transport
         if transport is None or transport.is_closing():
             return False
-        sock = transport.get_extra_info("socket")
-        if sock is None:
-            return True
-        poll = select.poll()
-        poll.register(sock.fileno(), select.POLLIN)
-        return not poll.poll(0)
+        return self._readable is None or not self._readable.poll(0)
 
     def arm_read_clock(self, seconds: float | None) -> None:
         """Silence longer than ``seconds`` fails the response. One timer per ``seconds``, not per packet:

@@ -4,7 +4,7 @@ and proxy its connections use) and the request heads it sends, built once per ba
 from __future__ import annotations
 
 import ssl
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from urllib.parse import SplitResult, urlsplit
 
 from gateway.policy.urls import clean_url
@@ -36,6 +36,15 @@ class Origin:
     query: str = ""  # the base URL's query ("api-version=..."), kept on every request
     tls: ssl.SSLContext | None = None  # None for https: the process's default context
     proxy: Proxy | None = None
+    _hash: int = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        # The pool looks an origin up a few times per request: its hash is computed once.
+        key = (self.scheme, self.host, self.port, self.base_path, self.query, self.tls, self.proxy)
+        object.__setattr__(self, "_hash", hash(key))
+
+    def __hash__(self) -> int:
+        return self._hash
 
     @classmethod
     def of(cls, base_url: str) -> Origin:
