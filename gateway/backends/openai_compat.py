@@ -171,8 +171,15 @@ class OpenAICompatClient:
             response.read_within(prepared.first_read_s)
         return OpenAICompatUpstream(backend, response, self._wire.limits.body_bytes)
 
-    async def fetch(self, url: str, headers: dict[str, str] | None, timeout_s: float) -> Fetched:
+    async def fetch(
+        self,
+        url: str,
+        headers: dict[str, str] | None,
+        timeout_s: float,
+        backend: CompiledBackend | None = None,
+    ) -> Fetched:
         """GET ``url`` (following redirects) within ``timeout_s``: its status and text, or what failed.
+        ``backend``: whose TLS context and proxy setting (``trust_env``) apply on its URL's origin.
 
         A redirect to another origin drops the caller's headers (the backend's ``Authorization``
         among them), as browsers, httpx and requests do; one from https to http is refused."""
@@ -188,7 +195,7 @@ class OpenAICompatClient:
                         if first.scheme == "https" and origin.scheme == "http":
                             return Fetched(None, error=f"InsecureRedirect: https to {origin.name} refused")
                         sent = GET_HEADERS
-                    origin = with_proxy(origin, self._environ)
+                    origin = self._reached(origin, backend if origin == first else None)
                     response = await self._wire.get(origin, origin.get_head(target, sent), None)
                     try:
                         body = await response.read(self._wire.limits.body_bytes)
@@ -207,6 +214,14 @@ class OpenAICompatClient:
             return Fetched(None, error=f"{_named(exc)}: {exc}")
         except ValueError as exc:  # not an http(s) URL (a redirect elsewhere, say)
             return Fetched(None, error=f"InvalidURL: {exc}")
+
+    def _reached(self, origin: Origin, backend: CompiledBackend | None) -> Origin:
+        """``origin`` with the proxy and TLS context a GET to it takes."""
+        if backend is None or backend.trust_env:
+            origin = with_proxy(origin, self._environ)
+        if backend is not None and backend.tls is not None:
+            origin = replace(origin, tls=backend.tls)
+        return origin
 
     def _prepared(self, backend: CompiledBackend) -> _Prepared:
         """Origin, heads and clocks of a backend, built once per compiled backend, not once per request."""

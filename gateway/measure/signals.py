@@ -21,8 +21,19 @@ from prometheus_client.parser import text_string_to_metric_families
 from gateway.backends.base import Fetched
 from gateway.policy.compiled import CompiledBackend
 
-# A GET through the process's upstream HTTP stack: (url, headers, timeout_s) -> what came back.
-Fetch = Callable[[str, "dict[str, str] | None", float], Awaitable[Fetched]]
+
+class Fetch(Protocol):
+    """A GET through the process's upstream HTTP stack, reaching ``url`` as ``backend`` says (its TLS
+    context and proxy setting): what came back."""
+
+    def __call__(
+        self,
+        url: str,
+        headers: dict[str, str] | None,
+        timeout_s: float,
+        backend: CompiledBackend | None = None,
+    ) -> Awaitable[Fetched]: ...
+
 
 logger = logging.getLogger("gateway.measure.signals")
 
@@ -342,7 +353,7 @@ class SignalScraper:
             return None
         headers = {"Authorization": f"Bearer {backend.api_key}"} if backend.api_key else None
         # Short: a round must not outlive its interval by much, yet a busy box answers slower.
-        return await self._fetch(url, headers, min(max(backend.signals.interval_s, 0.5), 2.0))
+        return await self._fetch(url, headers, min(max(backend.signals.interval_s, 0.5), 2.0), backend)
 
     def _read_load(
         self,

@@ -279,3 +279,16 @@ async def test_the_gateway_behind_a_connect_proxy_reaches_an_https_backend(
     # Every connection to the backend went through the tunnel (a probe may have opened its own).
     assert set(proxy.lines) == {b"CONNECT localhost:%d HTTP/1.1" % https_upstream.port}
     assert https_upstream.heads
+
+
+async def test_the_signal_gets_reach_a_backend_with_its_own_ca(
+    https_upstream: Upstream, ca_file: Path, tmp_path: Path
+) -> None:
+    url = f"https://localhost:{https_upstream.port}/v1"
+    text = policy_text(url, f"    tls: {{ca_file: {ca_file.name}}}\n")
+    backend = compile_policy_text(text, str(tmp_path / "policy.yaml")).backends["secure"]
+    with closing_client({}) as client:
+        fetched = await client.fetch(f"https://localhost:{https_upstream.port}/metrics", None, 5.0, backend)
+        assert fetched.status == 200, fetched.error
+        unknown = await client.fetch(f"https://localhost:{https_upstream.port}/metrics", None, 5.0)
+        assert unknown.status is None and "certificate verif" in unknown.error
