@@ -1,18 +1,20 @@
 """Operator config on its way to a request head, checked at load: a key with a trailing newline (as
 Kubernetes secrets have) is stripped, one with CR/LF inside is refused with file:line, a non-latin-1
 path is percent-encoded, an IDN host punycoded, a query kept. And the pool's own bounds: a cap on
-connections per origin with a queue, idle connections reaped, an https -> http redirect refused."""
+connections per origin with a queue, idle connections reaped, an https -> http redirect refused;
+and how it connects: happy eyeballs over a dead address, DNS answers cached for their TTL."""
 
 from __future__ import annotations
 
 import asyncio
+import socket
 import ssl
 from pathlib import Path
 
 import pytest
 import trustme
 
-from gateway.backends import wire
+from gateway.backends import wire, wire_dial
 from gateway.backends.openai_compat import OpenAICompatClient
 from gateway.backends.wire import WirePool
 from gateway.policy.document import PolicyError
@@ -171,3 +173,34 @@ async def test_a_redirect_from_https_to_http_is_refused(
             server.close()
     assert fetched.status is None and fetched.error.startswith("InsecureRedirect")
     assert plain_heads == []
+
+
+async def test_happy_eyeballs_starts_the_next_address_while_the_first_hangs() -> None:
+    """An address that never answers (a dead IPv6 route, say) must not hold the connection up: the next
+    address is tried after a short delay and the first to connect wins; the loser is cancelled."""
+    started: list[str] = []
+    hung = asyncio.Event()
+
+    async def attempt(info: tuple[object, ...]) -> str:
+        started.append(str(info[4]))
+        if info[4] == "dead":
+            hung.set()
+            await asyncio.Event().wait()  # never connects
+        return "connected via " + str(info[4])
+
+    infos: list[tuple[object, ...]] = [(0, 0, 0, "", "dead"), (0, 0, 0, "", "alive")]
+    async with asyncio.timeout(30):
+        assert await wire_dial._first_of(infos, attempt) == "connected via alive"
+    assert started == ["dead", "alive"] and hung.is_set()
+
+
+async def test_dns_answers_are_cached_for_their_ttl() -> None:
+    now = [0.0]
+    dialer = wire_dial.Dialer(clock=lambda: now[0])
+    first = await dialer._resolve("localhost", 80)
+    assert await dialer._resolve("localhost", 80) is first  # cached
+    now[0] += wire_dial.DNS_TTL_S + 1
+    assert await dialer._resolve("localhost", 80) is not first  # looked up again after the TTL
+    assert await dialer._resolve("127.0.0.1", 80) == [
+        (socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP, "", ("127.0.0.1", 80))
+    ]
