@@ -48,9 +48,15 @@ class Backends:
     def client_for(self, backend: CompiledBackend) -> BackendClient:
         return self._client(CLIENT_KINDS[backend.dialect])
 
-    async def fetch(self, url: str, headers: dict[str, str] | None, timeout_s: float) -> Fetched:
+    async def fetch(
+        self,
+        url: str,
+        headers: dict[str, str] | None,
+        timeout_s: float,
+        backend: CompiledBackend | None = None,
+    ) -> Fetched:
         """A plain GET (load signals, health) through the same HTTP stack as completions."""
-        return await self._client("openai_compat").fetch(url, headers, timeout_s)
+        return await self._client("openai_compat").fetch(url, headers, timeout_s, backend)
 
     async def close(self) -> None:
         clients, self._clients = list(self._clients.values()), {}

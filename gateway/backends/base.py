@@ -74,8 +74,15 @@ class BackendClient(Protocol):
         """Send ``call``; return once the answer's head arrived with status 200, else AttemptFailure."""
         ...
 
-    async def fetch(self, url: str, headers: dict[str, str] | None, timeout_s: float) -> Fetched:
-        """GET ``url``; never raises for the server's fault."""
+    async def fetch(
+        self,
+        url: str,
+        headers: dict[str, str] | None,
+        timeout_s: float,
+        backend: CompiledBackend | None = None,
+    ) -> Fetched:
+        """GET ``url`` (reached as ``backend`` says: its TLS, its proxy setting); never raises for the
+        server's fault."""
         ...
 
     async def close(self) -> None: ...

@@ -10,7 +10,9 @@ shapes, reasoning fields) are read in ``gateway.request.dialect``.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
+import os
+from collections.abc import AsyncIterator, Mapping
+from dataclasses import replace
 from typing import Any
 from urllib.parse import urljoin
 
@@ -18,6 +20,7 @@ import orjson
 
 from gateway.backends.base import Fetched, Take, UpstreamCall
 from gateway.backends.wire import Origin, WireError, WirePool, WireResponse, split_url
+from gateway.backends.wire_dial import proxy_from_env
 from gateway.errors import AttemptFailure, UpstreamClientError
 from gateway.policy.compiled import CompiledBackend
 
@@ -32,11 +35,12 @@ GET_HEADERS = {"accept": "*/*", "accept-encoding": "gzip, deflate"}
 class OpenAICompatUpstream:
     """One answer in flight on a pooled connection."""
 
-    __slots__ = ("_backend", "_response")
+    __slots__ = ("_backend", "_limit", "_response")
 
-    def __init__(self, backend: CompiledBackend, response: WireResponse) -> None:
+    def __init__(self, backend: CompiledBackend, response: WireResponse, limit: int) -> None:
         self._backend = backend
         self._response = response
+        self._limit = limit  # the most a whole body may be
 
     async def chunks(self) -> AsyncIterator[bytes]:
         """Bytes as the network delivers them; the read clock bounds each wait."""
@@ -59,15 +63,19 @@ class OpenAICompatUpstream:
     def _mid_stream(self, exc: WireError) -> AttemptFailure:
         if exc.kind == "silent":
             return AttemptFailure("timeout", f"{self._backend.name}: stream went silent")
+        if exc.kind in ("malformed", "decoding"):
+            return AttemptFailure("dropped", f"{self._backend.name}: stream broke off ({exc.detail})")
         return AttemptFailure("dropped", f"{self._backend.name}: stream broke off")
 
     async def read(self, timeout_s: float) -> bytes:
         try:
             async with asyncio.timeout(timeout_s):
-                return await self._response.read()
+                return await self._response.read(self._limit)
         except TimeoutError as exc:
             raise AttemptFailure("timeout", f"{self._backend.name}: response body timed out") from exc
         except WireError as exc:
+            if exc.kind in ("malformed", "decoding"):  # the upstream's answer is wrong, not lost
+                raise AttemptFailure("upstream_error", f"{self._backend.name}: {exc.detail}") from exc
             raise AttemptFailure("dropped", f"{self._backend.name}: connection lost while reading") from exc
 
     def expect_chunks_within(self, idle_s: float) -> None:
@@ -79,13 +87,15 @@ class OpenAICompatUpstream:
         self._response.close()
 
 
-# Per backend: its origin, the request heads by path, the first-read clock of a stream, connect clock.
+# Per backend: its origin (TLS, proxy), the request heads by path, the first-read clock of a stream,
+# connect clock, connection cap.
 class _Prepared:
-    __slots__ = ("backend", "connect_s", "first_read_s", "headers", "heads", "origin")
+    __slots__ = ("backend", "connect_s", "first_read_s", "headers", "heads", "max_connections", "origin")
 
-    def __init__(self, backend: CompiledBackend) -> None:
+    def __init__(self, backend: CompiledBackend, environ: Mapping[str, str]) -> None:
         self.backend = backend
-        self.origin = Origin.of(backend.base_url)
+        self.origin = origin_of(backend, environ)
+        self.max_connections = backend.max_connections
         headers = {
             "content-type": "application/json",
             "accept": "application/json, text/event-stream",
@@ -106,10 +116,26 @@ class _Prepared:
         return head
 
 
+def origin_of(backend: CompiledBackend, environ: Mapping[str, str]) -> Origin:
+    """Where a backend's calls go: with its TLS context, through the environment's proxy unless the
+    backend says not to (``trust_env``) or NO_PROXY covers its host."""
+    origin = Origin.of(backend.base_url)
+    if backend.trust_env:
+        origin = with_proxy(origin, environ)
+    return replace(origin, tls=backend.tls) if backend.tls is not None else origin
+
+
+def with_proxy(origin: Origin, environ: Mapping[str, str]) -> Origin:
+    proxy = proxy_from_env(origin.scheme, origin.host, environ) if environ else None
+    return origin if proxy is None else replace(origin, proxy=proxy)
+
+
 class OpenAICompatClient:
-    def __init__(self) -> None:
+    def __init__(self, environ: Mapping[str, str] | None = None) -> None:
         self._wire = WirePool()
         self._prepared_for: dict[str, _Prepared] = {}
+        # Proxies come from the environment as the process started (or as a test gives it).
+        self._environ = dict(os.environ if environ is None else environ)
 
     async def close(self) -> None:
         self._wire.close()
@@ -125,30 +151,54 @@ class OpenAICompatClient:
         try:
             async with asyncio.timeout(call.wait_s):
                 response = await self._wire.post(
-                    prepared.origin, prepared.head(call.path), call.body, prepared.connect_s
+                    prepared.origin,
+                    prepared.head(call.path),
+                    call.body,
+                    prepared.connect_s,
+                    prepared.max_connections,
                 )
         except TimeoutError as exc:
             raise AttemptFailure("timeout", f"{backend.name}: no response in {call.wait_s:g}s") from exc
         except WireError as exc:
             if exc.kind == "connect":
-                raise AttemptFailure("connect_error", f"{backend.name}: cannot connect") from exc
-            raise AttemptFailure("upstream_error", f"{backend.name}: {_named(exc)}") from exc
+                raise AttemptFailure(
+                    "connect_error", f"{backend.name}: cannot connect: {exc.detail}"
+                ) from exc
+            raise AttemptFailure("upstream_error", f"{backend.name}: {_named(exc)}: {exc.detail}") from exc
         if response.status != 200:
-            raise await _failure_from_status(backend, response)
+            raise await _failure_from_status(backend, response, self._wire.limits.body_bytes)
         if call.stream:
             response.read_within(prepared.first_read_s)
-        return OpenAICompatUpstream(backend, response)
+        return OpenAICompatUpstream(backend, response, self._wire.limits.body_bytes)
 
-    async def fetch(self, url: str, headers: dict[str, str] | None, timeout_s: float) -> Fetched:
-        """GET ``url`` (following redirects) within ``timeout_s``: its status and text, or what failed."""
+    async def fetch(
+        self,
+        url: str,
+        headers: dict[str, str] | None,
+        timeout_s: float,
+        backend: CompiledBackend | None = None,
+    ) -> Fetched:
+        """GET ``url`` (following redirects) within ``timeout_s``: its status and text, or what failed.
+        ``backend``: whose TLS context and proxy setting (``trust_env``) apply on its URL's origin.
+
+        A redirect to another origin drops the caller's headers (the backend's ``Authorization``
+        among them), as browsers, httpx and requests do; one from https to http is refused."""
         sent = GET_HEADERS if not headers else {**GET_HEADERS, **headers}
         try:
             async with asyncio.timeout(timeout_s):
+                first: Origin | None = None
                 for _ in range(MAX_REDIRECTS + 1):
                     origin, target = split_url(url)
+                    if first is None:
+                        first = origin
+                    elif origin != first:
+                        if first.scheme == "https" and origin.scheme == "http":
+                            return Fetched(None, error=f"InsecureRedirect: https to {origin.name} refused")
+                        sent = GET_HEADERS
+                    origin = self._reached(origin, backend if origin == first else None)
                     response = await self._wire.get(origin, origin.get_head(target, sent), None)
                     try:
-                        body = await response.read()
+                        body = await response.read(self._wire.limits.body_bytes)
                     finally:
                         response.close()
                     location = response.header(b"location")
@@ -160,17 +210,25 @@ class OpenAICompatClient:
             return Fetched(None, error=f"TimeoutError: no answer in {timeout_s:g}s")
         except WireError as exc:
             if exc.kind == "connect":
-                return Fetched(None, error="ConnectError: cannot connect")
+                return Fetched(None, error=f"ConnectError: {exc.detail}")
             return Fetched(None, error=f"{_named(exc)}: {exc}")
         except ValueError as exc:  # not an http(s) URL (a redirect elsewhere, say)
             return Fetched(None, error=f"InvalidURL: {exc}")
+
+    def _reached(self, origin: Origin, backend: CompiledBackend | None) -> Origin:
+        """``origin`` with the proxy and TLS context a GET to it takes."""
+        if backend is None or backend.trust_env:
+            origin = with_proxy(origin, self._environ)
+        if backend is not None and backend.tls is not None:
+            origin = replace(origin, tls=backend.tls)
+        return origin
 
     def _prepared(self, backend: CompiledBackend) -> _Prepared:
         """Origin, heads and clocks of a backend, built once per compiled backend, not once per request."""
         known = self._prepared_for.get(backend.name)
         if known is not None and known.backend is backend:
             return known
-        prepared = self._prepared_for[backend.name] = _Prepared(backend)
+        prepared = self._prepared_for[backend.name] = _Prepared(backend, self._environ)
         return prepared
 
 
@@ -194,15 +252,18 @@ def _named(exc: WireError) -> str:
         "disconnected": "ServerDisconnected",
         "malformed": "MalformedResponse",
         "broken": "ConnectionLost",
+        "decoding": "DecodingError",
     }
     return names.get(exc.kind, exc.kind)
 
 
-async def _failure_from_status(backend: CompiledBackend, response: WireResponse) -> AttemptFailure:
+async def _failure_from_status(
+    backend: CompiledBackend, response: WireResponse, limit: int
+) -> AttemptFailure:
     status = response.status
     try:
         async with asyncio.timeout(STATUS_BODY_WAIT_S):
-            raw = await response.read()
+            raw = await response.read(limit)
     except (TimeoutError, WireError):
         raw = b""
     finally:

@@ -109,7 +109,13 @@ class LitellmClient:
             return LitellmUpstream(backend, wrapper=answer)
         return LitellmUpstream(backend, whole=answer.model_dump_json(exclude_none=True).encode())
 
-    async def fetch(self, url: str, headers: dict[str, str] | None, timeout_s: float) -> Fetched:
+    async def fetch(
+        self,
+        url: str,
+        headers: dict[str, str] | None,
+        timeout_s: float,
+        backend: CompiledBackend | None = None,
+    ) -> Fetched:
         return Fetched(None, error="litellm backends are not scraped")
 
     async def close(self) -> None:

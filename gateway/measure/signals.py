@@ -22,8 +22,19 @@ from gateway.backends.base import Fetched
 from gateway.measure.boot import read_health
 from gateway.policy.compiled import CompiledBackend
 
-# A GET through the process's upstream HTTP stack: (url, headers, timeout_s) -> what came back.
-Fetch = Callable[[str, "dict[str, str] | None", float], Awaitable[Fetched]]
+
+class Fetch(Protocol):
+    """A GET through the process's upstream HTTP stack, reaching ``url`` as ``backend`` says (its TLS
+    context and proxy setting): what came back."""
+
+    def __call__(
+        self,
+        url: str,
+        headers: dict[str, str] | None,
+        timeout_s: float,
+        backend: CompiledBackend | None = None,
+    ) -> Awaitable[Fetched]: ...
+
 
 logger = logging.getLogger("gateway.measure.signals")
 
@@ -388,7 +399,9 @@ class SignalScraper:
             return None
         headers = {"Authorization": f"Bearer {backend.api_key}"} if backend.api_key else None
         # Short: a round must not outlive its interval by much, yet a busy box answers slower.
-        return await self._fetch(url, headers, timeout_s or min(max(backend.signals.interval_s, 0.5), 2.0))
+        return await self._fetch(
+            url, headers, timeout_s or min(max(backend.signals.interval_s, 0.5), 2.0), backend
+        )
 
     def _read_load(
         self,

@@ -6,6 +6,7 @@ credentials are read from the environment at load time, so nothing is parsed on 
 
 from __future__ import annotations
 
+import ssl
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from fnmatch import fnmatchcase
@@ -80,6 +81,11 @@ class CompiledBackend:
     # Where mid-conversation system messages go; None: as its dialect's chat templates need
     # (gateway.backends.chat_shape knows the dialects).
     system_messages: SystemMessages | None = None
+    # The wire client's settings: the policy's TLS context (None: the system's), proxies from the
+    # environment or not, connections per origin.
+    tls: ssl.SSLContext | None = field(default=None, repr=False, compare=False)
+    trust_env: bool = True
+    max_connections: int = 1024
 
 
 @dataclass(frozen=True, slots=True)

@@ -30,6 +30,7 @@ from gateway.policy.document import (
     decode,
     parse,
 )
+from gateway.policy.reach import ReachProblem, api_key, clean, tls_context
 from gateway.request.auth import ApiKey
 
 __all__ = ["PolicyError", "PolicyFileUnreadable", "Problem", "compile_policy_bytes", "load_policy"]
@@ -132,8 +133,8 @@ def _compile(text: str, source: str, digest: str, environ: Env) -> CompiledPolic
     env = os.environ if environ is None else environ
     for name, backend in raw.backends.items():
         try:
-            backends[name] = _compile_backend(name, backend, env, raw.tuning)
-        except _BackendProblem as exc:
+            backends[name] = _compile_backend(name, backend, env, raw.tuning, Path(source).parent)
+        except (_BackendProblem, ReachProblem) as exc:
             problems.append(doc.problem(("backends", name, *exc.loc), exc.message))
         if backend.api_key_env is not None and name in backends and backends[name].api_key is None:
             unset = f"environment variable {backend.api_key_env} is not set; requests go without a key"
@@ -210,12 +211,13 @@ def _unused_backend_warnings(policy: schema.PolicyFile, doc: Document) -> list[P
 
 
 def _compile_backend(
-    name: str, backend: schema.Backend, environ: Mapping[str, str], tuning: schema.Tuning
+    name: str, backend: schema.Backend, environ: Mapping[str, str], tuning: schema.Tuning, base_dir: Path
 ) -> CompiledBackend:
+    signals = backend.signals
     for field in ("metrics_url", "slots_url", "health_url"):
-        url = getattr(backend.signals, field)
-        if url is not None and not url.startswith(("http://", "https://")):
-            raise _BackendProblem(("signals", field), "Input should be an http:// or https:// URL")
+        url = getattr(signals, field)
+        if url is not None:
+            signals = signals.model_copy(update={field: clean(url, ("signals", field))})
     if backend.dialect == "litellm":
         _require_litellm(("dialect",))
     token_prices, pool_price, price_source = _prices(backend.pricing)
@@ -223,16 +225,16 @@ def _compile_backend(
     return CompiledBackend(
         name=name,
         dialect=backend.dialect,
-        base_url=backend.url.rstrip("/"),
+        base_url=clean(backend.url, ("url",)),
         model=backend.model,
         token_prices=token_prices,
         pool_price=pool_price,
         thinking=backend.thinking,
         max_concurrency=backend.max_concurrency,
         context_window=backend.context_window,
-        signals=backend.signals,
+        signals=signals,
         timeouts=backend.timeouts,
-        api_key=environ.get(backend.api_key_env) or None if backend.api_key_env else None,
+        api_key=api_key(backend.api_key_env, environ),
         price_source=price_source,
         prior_output_tokens=getattr(tuning.prior_output_tokens, backend.thinking),
         prior_prefill_tokens_per_s=tuning.prior_prefill_tokens_per_s,
@@ -240,6 +242,9 @@ def _compile_backend(
         resume=backend.resume or DEFAULT_RESUME.get(backend.dialect, "none"),
         forward_user=backend.forward_user,
         system_messages=backend.system_messages,
+        tls=None if backend.tls is None else tls_context(backend.tls, base_dir),
+        trust_env=backend.trust_env,
+        max_connections=backend.max_connections,
     )
 
 

@@ -101,6 +101,21 @@ class Timeouts(Strict):
     answer_s: PositiveFloat = 600.0
 
 
+class Tls(Strict):
+    """How the gateway checks a backend over https, instead of the system's CA bundle, and the client
+    certificate it shows (mutual TLS). Relative paths are taken from the policy file's directory."""
+
+    ca_file: str | None = None  # PEM bundle of the CAs that may sign this backend's certificate
+    cert_file: str | None = None  # PEM client certificate (its chain may follow it in the file)
+    key_file: str | None = None  # its private key, when not in cert_file
+
+    @model_validator(mode="after")
+    def key_needs_cert(self) -> Tls:
+        if self.key_file is not None and self.cert_file is None:
+            raise ValueError("key_file needs cert_file")
+        return self
+
+
 class Backend(Strict):
     dialect: Dialect
     url: Annotated[str, Field(pattern=r"^https?://")]
@@ -125,6 +140,13 @@ class Backend(Strict):
     forward_user: bool = False
     # Mid-conversation system messages: default by dialect (leading for llamacpp and litellm).
     system_messages: SystemMessages | None = None
+    # How the gateway reaches it (the wire client; not for dialect litellm, which has its own client).
+    tls: Tls | None = None
+    # Take HTTP_PROXY / HTTPS_PROXY / NO_PROXY from the environment for this backend (as httpx's
+    # trust_env does); false: always connect directly.
+    trust_env: bool = True
+    # Connections open at once to its origin; more requests wait (in order) for one to come back.
+    max_connections: Annotated[int, Field(ge=1, le=65_536)] = 1024
 
 
 class Slo(Strict):

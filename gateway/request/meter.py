@@ -17,7 +17,8 @@ if TYPE_CHECKING:
     from gateway.request.resume import Transcript
 
 
-CORRUPT = "the stream carried an event that is not JSON"
+CORRUPT = "the stream carried an event that is not JSON (or longer than any event is)"
+MAX_EVENT_BYTES = 4 * 1024 * 1024  # one SSE event; a longer one is a corrupt stream, not held forever
 
 
 class StreamMeter:
@@ -26,6 +27,7 @@ class StreamMeter:
     __slots__ = (
         "_attempt",
         "_client_wants_usage",
+        "_held",
         "_prompt_tokens",
         "_sep",
         "_tail",
@@ -57,7 +59,8 @@ class StreamMeter:
         self._client_wants_usage = client_wants_usage
         self._prompt_tokens = prompt_tokens  # the gateway's estimate, for usage nobody reported
         self._sep = b""
-        self._tail = b""
+        self._tail: list[bytes] = []  # an unfinished event, in the pieces it came in
+        self._held = 0  # its length
         self.answer_chunks = 0
         self.reasoning_chunks = 0
         self.usage_obj: Any = None
@@ -71,8 +74,17 @@ class StreamMeter:
         return self.done
 
     def feed(self, data: bytes, now: float) -> bytes:
-        """Take bytes from the network; return the complete events to forward now."""
-        buf = self._tail + data if self._tail else data
+        """Take bytes from the network; return the complete events to forward now. An unfinished
+        event waits in pieces, and only new bytes are searched for its end: a long event costs
+        linear time, and one past MAX_EVENT_BYTES makes the stream corrupt."""
+        if self._held:
+            if not self._ends_in(b"".join(self._tail[-3:])[-3:] + data):
+                self._hold(data)
+                return b""
+            buf = b"".join(self._tail) + data
+            self._tail, self._held = [], 0
+        else:
+            buf = data
         if not self._sep:
             # sse-starlette (llama-cpp-python) ends lines with CRLF, vLLM and llama-server with LF. Told
             # apart by the first event's end: a CR elsewhere (in garbage) must not make LF events one.
@@ -81,15 +93,17 @@ class StreamMeter:
             elif b"\r\n\r\n" in buf:
                 self._sep = b"\r\n\r\n"
             else:
-                self._tail = buf
+                self._hold(buf)
                 return b""
         sep = self._sep
         cut = buf.rfind(sep)
         if cut < 0:
-            self._tail = buf
+            self._hold(buf)
             return b""
         cut += len(sep)
-        complete, self._tail = buf[:cut], buf[cut:]
+        complete = buf[:cut]
+        if cut < len(buf):
+            self._hold(buf[cut:])
         events = complete.split(sep)
         events.pop()  # the empty remainder after the last separator
         dropped = False
@@ -102,11 +116,23 @@ class StreamMeter:
                 if self.corrupt or self.upstream_error is not None:
                     # Nothing after it is forwarded (an engine's [DONE] after its error event included):
                     # the relay ends the stream here, or resumes it elsewhere.
-                    self._tail = b""
+                    self._tail, self._held = [], 0
                     break
         if not dropped:
             return complete
         return b"".join(event + sep for event in kept)
+
+    def _ends_in(self, data: bytes) -> bool:
+        if self._sep:
+            return self._sep in data
+        return b"\n\n" in data or b"\r\n\r\n" in data
+
+    def _hold(self, data: bytes) -> None:
+        self._tail.append(data)
+        self._held += len(data)
+        if self._held > MAX_EVENT_BYTES:  # no end in sight: a corrupt stream, and nothing kept of it
+            self.corrupt = True
+            self._tail, self._held = [], 0
 
     def _inspect(self, event: bytes, now: float) -> bool:
         """Measure one event; False means the client must not see it."""

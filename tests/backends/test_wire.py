@@ -391,6 +391,6 @@ async def test_fetch_says_what_failed() -> None:
             assert fetched.status is None and (fetched.error or "").startswith("TimeoutError")
             port = server.port
         fetched = await client.fetch(f"http://127.0.0.1:{port}/health", None, 5.0)  # nobody listens now
-        assert fetched == Fetched(None, error="ConnectError: cannot connect")
+        assert fetched == Fetched(None, error=f"ConnectError: http://127.0.0.1:{port}: connection refused")
     finally:
         await client.close()
