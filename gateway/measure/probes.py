@@ -1,9 +1,12 @@
 """Synthetic probes: one short prompt with ``max_tokens: 1`` that keeps a backend's TTFT and health
 measured while routing avoids it, so the gateway learns without spending users' requests and notices
 a recovery. Probed: every healthy backend once at start-up (and when a reload adds one or it comes
-back up), any candidate of a route with an SLO that had no sample for ``tuning.probes.interval_s``,
-and a backend whose circuit is open at its scrape interval (a success closes the circuit);
-a pool only while it has headroom, a paid API only within the probe budget. Probes are counted apart
+back up), any candidate of a route with an SLO that had no user's sample and no probe for
+``tuning.probes.interval_s``, one that such a route excludes (its measurements miss the SLO) at that
+interval even while other routes' traffic reaches it, at once again after a probe that answered within
+the SLO (``recovery.py``: a few of those in a row end the slow spell), and a backend whose circuit is
+open at its scrape interval (a success closes the circuit); a pool only while it has headroom, a paid
+API only within the probe budget. Probes are counted apart
 (stats, metrics, and the ledger's ``probes`` table: billed to no route and no key).
 """
 
@@ -22,6 +25,7 @@ import orjson
 from gateway.backends import UpstreamCall
 from gateway.errors import AttemptFailure
 from gateway.ledger import row_of
+from gateway.measure.recovery import RecoveryBar, recovery_bar
 from gateway.measure.stats import BackendView
 from gateway.money.costs import attempt_cost
 from gateway.policy.compiled import CompiledBackend, CompiledPolicy
@@ -36,6 +40,9 @@ log = logging.getLogger("gateway.probes")
 TICK_S = 0.05  # real seconds between looks at what is due; probes themselves run at the policy's pace
 PROBE_PROMPT = "Reply with one word."
 PROBE_PROMPT_TOKENS = 8
+# Tokens a probe asks for when a route excludes the backend for its decode speed: enough to time the
+# tokens after the first, still a fraction of a cent on a paid API.
+DECODE_PROBE_TOKENS = 16
 SECONDS_PER_HOUR = 3600.0
 
 
@@ -49,6 +56,7 @@ class Prober:
         self._down: set[str] = set()
         self._inflight: dict[str, asyncio.Task[None]] = {}
         self._paid: deque[tuple[float, float]] = deque()  # (clock, usd) of paid probes, last hour
+        self._sent_at: dict[str, float] = {}  # when each backend's last probe went out
         self._ids = itertools.count(1)
         self.sent: Counter[tuple[str, str]] = Counter()  # (backend, outcome) for metrics
 
@@ -99,6 +107,8 @@ class Prober:
                 self._pending.add(name)
             if name in self._inflight or view.paused_until is not None:
                 continue
+            bar = recovery_bar(name, policy.routes.values(), view.ttft_p95_s, view.decode_tokens_per_s)
+            tokens = 1 if bar.decode_tokens_per_s is None else DECODE_PROBE_TOKENS
             if view.circuit == "open":
                 # Re-checked at the scrape interval, not on the circuit's growing cool-down: a probe
                 # that succeeds closes it (LiveStats.probe_finished).
@@ -107,17 +117,26 @@ class Prober:
             elif not view.accepts_requests:
                 continue
             else:
-                stale = view.last_sample_at is None or now - view.last_sample_at >= settings.interval_s
-                # A backend with requests in flight is measured by them: only an avoided one is probed.
+                interval = settings.interval_s
+                sent = self._sent_at.get(name)
+                probed_lately = sent is not None and now - sent < interval
+                last_user = view.last_user_sample_at
+                stale = last_user is None or now - last_user >= interval
+                # A backend with requests in flight is measured by them: only an avoided one is probed,
+                # or one a route excludes (other routes' traffic does not tell that route it is back).
                 avoided = stale and view.inflight == 0
-                due = name in self._pending or (name in watched and avoided)
-            if due and self._affordable(policy, backend, view, now):
+                excluded = name in watched and bar.excluded
+                due = name in self._pending or (
+                    name in watched and not probed_lately and (avoided or excluded)
+                )
+            if due and self._affordable(policy, backend, view, now, tokens):
                 self._pending.discard(name)
-                task = asyncio.get_running_loop().create_task(self._probe(backend), name=f"probe:{name}")
+                self._sent_at[name] = now
+                task = asyncio.get_running_loop().create_task(self._probe(backend, bar), name=f"probe:{name}")
                 self._inflight[name] = task
 
     def _affordable(
-        self, policy: CompiledPolicy, backend: CompiledBackend, view: BackendView, now: float
+        self, policy: CompiledPolicy, backend: CompiledBackend, view: BackendView, now: float, tokens: int
     ) -> bool:
         """A pool's probe costs nothing extra while it has headroom; a paid API's comes out of the
         policy's probe budget."""
@@ -128,17 +147,17 @@ class Prober:
             self._paid.popleft()
         spent = sum(usd for _, usd in self._paid)
         prices = backend.token_prices
-        estimate = 0.0 if prices is None else PROBE_PROMPT_TOKENS * prices.input + prices.output
+        estimate = 0.0 if prices is None else PROBE_PROMPT_TOKENS * prices.input + tokens * prices.output
         return spent + estimate <= policy.tuning.probes.paid_budget_usd_per_hour
 
-    async def _probe(self, backend: CompiledBackend) -> None:
+    async def _probe(self, backend: CompiledBackend, bar: RecoveryBar) -> None:
         runtime = self._runtime
         settings = runtime.policy.tuning.probes
         stats = runtime.stats
         ticket = stats.attempt_started(backend.name, probe=True)
         attempt = Attempt(backend=backend.name, started_at=ticket.started_at, probe=True)
         try:
-            await self._send(backend, attempt)
+            await self._send(backend, attempt, 1 if bar.decode_tokens_per_s is None else DECODE_PROBE_TOKENS)
         except AttemptFailure as exc:
             attempt.status = "timeout" if exc.kind == "timeout" else "upstream_error"
             attempt.error, attempt.http_status = exc.message, exc.http_status
@@ -150,7 +169,7 @@ class Prober:
         finally:
             if attempt.finished_at is None:
                 attempt.finished_at = runtime.clock()
-            stats.probe_finished(ticket, attempt, settings.recovery_probes, settings.recovery_ratio)
+            stats.probe_finished(ticket, attempt, settings.recovery_probes, settings.recovery_ratio, bar)
             self._inflight.pop(backend.name, None)
             outcome = "ok" if attempt.status == "ok" else "failed"
             self.sent[backend.name, outcome] += 1
@@ -158,13 +177,13 @@ class Prober:
                 self._pending.add(backend.name)  # confirm a recovery at once, not an interval later
             self._record(backend, attempt)
 
-    async def _send(self, backend: CompiledBackend, attempt: Attempt) -> None:
+    async def _send(self, backend: CompiledBackend, attempt: Attempt, max_tokens: int) -> None:
         runtime = self._runtime
         body = orjson.dumps(
             {
                 "model": backend.model,
                 "messages": [{"role": "user", "content": PROBE_PROMPT}],
-                "max_tokens": 1,
+                "max_tokens": max_tokens,
                 "stream": True,
                 "stream_options": {"include_usage": True},
             }

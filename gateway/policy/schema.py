@@ -318,8 +318,9 @@ class ProbeTuning(Strict):
     on_start: bool = True
     # Paid (per-token) backends are probed only within this spend per hour; pools only with headroom.
     paid_budget_usd_per_hour: NonNegativeFloat = 0.05
-    # Consecutive probes this much faster than the backend's measured p50 TTFT show it recovered:
-    # the samples from the slow spell stop counting.
+    # Consecutive probes that answer within the SLOs of the routes that exclude a backend show it
+    # recovered: the samples from the slow spell stop counting. They go out one after another once the
+    # first answers within. A backend no route excludes needs probes ``recovery_ratio`` times its p50.
     recovery_probes: Annotated[int, Field(ge=1, le=100)] = 2
     recovery_ratio: Annotated[float, Field(gt=0, lt=1)] = 0.5
 
