@@ -74,6 +74,7 @@ class CompiledBackend:
     prior_prefill_tokens_per_s: float = 10_000.0
     family: str = ""  # the model it serves (its ``model`` unless the policy says otherwise)
     resume: ResumeStyle = "none"  # how it continues an answer another backend started
+    expected_ttft_s: float | None = None  # the declared TTFT p95 until one is measured
 
 
 @dataclass(frozen=True, slots=True)

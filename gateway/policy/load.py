@@ -220,6 +220,7 @@ def _compile_backend(
         prior_prefill_tokens_per_s=tuning.prior_prefill_tokens_per_s,
         family=backend.family or backend.model,
         resume=backend.resume or DEFAULT_RESUME.get(backend.dialect, "none"),
+        expected_ttft_s=None if backend.expected_ttft_ms is None else backend.expected_ttft_ms / 1000.0,
     )
 
 

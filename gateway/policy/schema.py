@@ -106,6 +106,10 @@ class Backend(Strict):
     family: str | None = None
     # How it continues an answer cut elsewhere; default: continue_final_message for vllm, else none.
     resume: ResumeStyle | None = None
+    # Its time to first token (ms, as a p95) until probes or traffic have measured it: a candidate
+    # declared outside a route's TTFT SLO gets none of that route's requests while another is within
+    # it, from the first request of a fresh gateway on. Unset: unknown until measured.
+    expected_ttft_ms: PositiveFloat | None = None
 
 
 class Slo(Strict):

@@ -11,8 +11,8 @@ from gateway.policy.load import PolicyError, PolicyFileUnreadable, compile_polic
 SOURCE = "policies/x.yaml"
 
 BACKEND_KEYS = (
-    "api_key_env, context_window, dialect, family, max_concurrency, model, pricing, resume, signals, "
-    "thinking, timeouts, url"
+    "api_key_env, context_window, dialect, expected_ttft_ms, family, max_concurrency, model, pricing, "
+    "resume, signals, thinking, timeouts, url"
 )
 
 
