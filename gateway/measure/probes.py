@@ -57,6 +57,8 @@ class Prober:
         self._inflight: dict[str, asyncio.Task[None]] = {}
         self._paid: deque[tuple[float, float]] = deque()  # (clock, usd) of paid probes, last hour
         self._sent_at: dict[str, float] = {}  # when each backend's last probe went out
+        self._settled: set[str] = set()  # backends whose first probe since start has ended
+        self._started_at: float | None = None
         self._ids = itertools.count(1)
         self.sent: Counter[tuple[str, str]] = Counter()  # (backend, outcome) for metrics
 
@@ -73,7 +75,40 @@ class Prober:
         """No probe in flight and none waiting for a healthy backend."""
         return not self._inflight and not (self._pending - self._down)
 
+    def start_up_done(self) -> bool:
+        """Whether every route with an SLO can be served sighted: one of its candidates is measured
+        within the SLO, or each has been probed or is down. True at once with start-up probes off, and
+        ``tuning.probes.startup_timeout_s`` after start whatever they found."""
+        runtime = self._runtime
+        settings = runtime.policy.tuning.probes
+        if not settings.enabled or not settings.on_start:
+            return True
+        started = self._started_at
+        if started is not None and runtime.clock() - started >= settings.startup_timeout_s:
+            return True
+        return not self.start_up_waiting_for()
+
+    def start_up_waiting_for(self) -> list[str]:
+        """The routes with an SLO that still have no candidate known to meet it and an unprobed one."""
+        runtime = self._runtime
+        waiting = []
+        for route in runtime.policy.routes.values():
+            if not route.has_slo:
+                continue
+            views = [runtime.stats.view(name) for name in route.backends]
+            if any(_within(view, route.slo.ttft_p95_ms) for view in views):
+                continue
+            if all(
+                view.name in self._settled or view.samples or not view.healthy or view.booting
+                for view in views
+            ):
+                continue
+            waiting.append(route.name)
+        return waiting
+
     async def run(self) -> None:
+        if self._started_at is None:
+            self._started_at = self._runtime.clock()
         while True:
             try:
                 self.tick()
@@ -171,6 +206,7 @@ class Prober:
                 attempt.finished_at = runtime.clock()
             stats.probe_finished(ticket, attempt, settings.recovery_probes, settings.recovery_ratio, bar)
             self._inflight.pop(backend.name, None)
+            self._settled.add(backend.name)
             outcome = "ok" if attempt.status == "ok" else "failed"
             self.sent[backend.name, outcome] += 1
             if stats.recovering(backend.name):
@@ -229,3 +265,10 @@ class Prober:
                 self._paid.append((runtime.clock(), cost.usd))
         started_wall = runtime.wall_clock() - (runtime.clock() - attempt.started_at)
         runtime.ledger.append_probe(row_of(observation, started_wall, backend.model, None))
+
+
+def _within(view: BackendView, slo_ms: float | None) -> bool:
+    """Measured, and within the route's TTFT SLO (a route asking only for speed: measured at all)."""
+    if not view.samples:
+        return False
+    return slo_ms is None or (view.ttft_p95_s is not None and view.ttft_p95_s * 1000.0 <= slo_ms)

@@ -320,6 +320,9 @@ class ProbeTuning(Strict):
     interval_s: PositiveFloat = 15.0
     # Probe every healthy backend once at start-up and when a reload adds one.
     on_start: bool = True
+    # /ready answers 503 until the start-up probes have shown each route with an SLO where to send
+    # (a candidate measured within it, or every candidate measured), or for this long after start.
+    startup_timeout_s: PositiveFloat = 30.0
     # Paid (per-token) backends are probed only within this spend per hour; pools only with headroom.
     paid_budget_usd_per_hour: NonNegativeFloat = 0.05
     # Consecutive probes that answer within the SLOs of the routes that exclude a backend show it
