@@ -86,6 +86,8 @@ class Prober:
         started = self._started_at
         if started is not None and runtime.clock() - started >= settings.startup_timeout_s:
             return True
+        if runtime.fleet is not None and not runtime.fleet.synced:
+            return False  # the fleet's measurements first: a joining replica starts from them
         return not self.start_up_waiting_for()
 
     def start_up_waiting_for(self) -> list[str]:
@@ -207,6 +209,8 @@ class Prober:
             stats.probe_finished(ticket, attempt, settings.recovery_probes, settings.recovery_ratio, bar)
             self._inflight.pop(backend.name, None)
             self._settled.add(backend.name)
+            if runtime.fleet is not None:  # what it measured, the whole fleet (and who joins it) knows
+                runtime.fleet.attempt_finished(attempt, "")
             outcome = "ok" if attempt.status == "ok" else "failed"
             self.sent[backend.name, outcome] += 1
             if stats.recovering(backend.name):
