@@ -16,6 +16,7 @@ from typing import Any, Literal, Protocol
 
 from gateway.emulator.profiles import Profile
 from gateway.simulate.timeline import Timeline
+from gateway.simulate.workload import Fault
 
 JobState = Literal["new", "waiting", "prefill", "decode", "done", "failed", "cancelled"]
 FailureKind = Literal["connect_error", "upstream_error", "dropped"]
@@ -112,6 +113,22 @@ class BackendModel:
         self._advance()
         self.slowdown = factor
         self._reschedule()
+
+    def apply_fault(self, fault: Fault, on: bool) -> None:
+        """A workload's fault window begins (``on``) or ends."""
+        if fault.kind == "down":
+            self.down = on
+            if on:
+                self.fail_everything("connect_error")
+        elif fault.kind == "booting":
+            self.booting = on
+            if on:
+                self.fail_everything("upstream_error")
+        elif fault.kind == "slow":
+            self.set_slowdown(fault.slowdown if on else 1.0)
+            self.added_ttft_s = fault.added_ttft_ms / 1000.0 if on else 0.0
+        else:
+            self.error_rate = fault.error_rate if on else 0.0
 
     def fail_everything(self, kind: FailureKind) -> None:
         """The server died or restarted: every request it held ends now."""
