@@ -2,11 +2,12 @@
 sending, so the gateway's ``Prober`` and the simulator follow the same ones.
 
 Due: every healthy backend once at start-up (and when a reload adds one or it comes back up), any
-candidate of a route with an SLO that had no user's sample and no probe for ``tuning.probes.interval_s``,
-one that such a route excludes (its measurements miss the SLO) at that interval even while other
-routes' traffic reaches it, at once again after a probe that answered within the SLO (``recovery.py``:
-a few of those in a row end the slow spell), and a backend whose circuit is open at its scrape interval
-(a success closes the circuit); a pool only while it has headroom, a paid API only within the budget.
+candidate of a route with an SLO that had no user's sample and no probe for ``tuning.probes.interval_s``
+and nothing in flight, at once again after a probe that answered within the SLOs of the routes that
+exclude it (``recovery.py``: a few of those in a row end the slow spell; users' answers from other
+routes' traffic count too, so a busy backend needs no probe), and a backend whose circuit is open at
+its scrape interval (a success closes the circuit); a pool only while it has headroom, a paid API only
+within the budget.
 """
 
 from __future__ import annotations
@@ -95,18 +96,25 @@ class ProbePlan:
                 probed_lately = sent is not None and now - sent < interval
                 last_user = view.last_user_sample_at
                 stale = last_user is None or now - last_user >= interval
-                # A backend with requests in flight is measured by them: only an avoided one is probed,
-                # or one a route excludes (other routes' traffic does not tell that route it is back).
+                # A backend with requests in flight is measured by them (their answers count toward
+                # its recovery too: LiveStats.set_recovery_bar): only an avoided one is probed.
                 avoided = stale and view.inflight == 0
-                excluded = name in watched and bar.excluded
-                due = name in self._pending or (
-                    name in watched and not probed_lately and (avoided or excluded)
-                )
+                due = name in self._pending or (name in watched and not probed_lately and avoided)
             if due and self._affordable(policy, backend, view, now, tokens):
                 self._pending.discard(name)
                 self._sent_at[name] = now
                 chosen.append(DueProbe(backend, bar, tokens))
         return chosen
+
+    @staticmethod
+    def bars(policy: CompiledPolicy, view_of: ViewOf) -> dict[str, RecoveryBar]:
+        """Per backend, what answers must show now to end a slow spell (see recovery.py)."""
+        routes = policy.routes.values()
+        bars = {}
+        for name in policy.backends:
+            view = view_of(name)
+            bars[name] = recovery_bar(name, routes, view.ttft_p95_s, view.decode_tokens_per_s)
+        return bars
 
     def finished(self, name: str, recovering: bool) -> None:
         """A probe ended; one that began to show a recovery is confirmed at once, not an interval later."""

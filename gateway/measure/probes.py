@@ -92,6 +92,9 @@ class Prober:
     def tick(self) -> None:
         runtime = self._runtime
         loop = asyncio.get_running_loop()
+        needed = runtime.policy.tuning.probes.recovery_probes
+        for name, bar in self._plan.bars(runtime.policy, runtime.stats.view).items():
+            runtime.stats.set_recovery_bar(name, bar, needed)
         for due in self._plan.due(runtime.policy, runtime.stats.view, runtime.clock(), self._inflight):
             name = due.backend.name
             self._inflight[name] = loop.create_task(self._probe(due), name=f"probe:{name}")

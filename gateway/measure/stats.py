@@ -85,6 +85,8 @@ class _BackendStats:
         self.recovering_since: float | None = None  # first of the fast probes in a row
         self.fast_probes = 0
         self.probe_speeds: list[float] = []  # decode speeds those fast probes measured
+        self.bar = NOT_EXCLUDED  # what an answer must show while routes exclude this backend
+        self.recovery_probes = 2
         # Attempts started before this moment belong to a slow spell that probes showed is over:
         # one that ends after the verdict teaches nothing about latency or speed.
         self.spell_over_at = -math.inf
@@ -167,6 +169,53 @@ class _BackendStats:
                 if mean is None:
                     mean = self.completion_tokens[route] = DecayedMean(self.owner.half_life_s)
                 mean.add(now, attempt.usage.completion_tokens)
+
+    def user_answered(self, attempt: Attempt) -> None:
+        """A user's answer from a backend that routes exclude counts toward its recovery like a probe."""
+        if attempt.probe or not self.bar.excluded or attempt.status not in ("ok", "timeout"):
+            return
+        if attempt.started_at >= self.spell_over_at:
+            self.judge_recovery(attempt, self.bar, None, 1.0, self.recovery_probes, attempt.started_at)
+
+    def judge_recovery(
+        self,
+        attempt: Attempt,
+        bar: RecoveryBar,
+        median: float | None,
+        ratio: float,
+        needed: int,
+        sent_at: float,
+    ) -> None:
+        """After ``needed`` answers in a row within ``bar`` (see ``recovery.answered_within``), the
+        samples from before the first of them (a slow spell, now over) stop counting, and so do
+        attempts started before it that are still running."""
+        if not answered_within(attempt, bar, median, ratio):
+            self.recovering_since, self.fast_probes, self.probe_speeds = None, 0, []
+            self.changed = True
+            return
+        if self.recovering_since is None:
+            self.recovering_since = sent_at
+        self.fast_probes += 1
+        speed = attempt.decode_tokens_per_s if bar.decode_tokens_per_s is not None else None
+        if speed is not None:
+            self.probe_speeds.append(speed)
+        if self.fast_probes >= needed:
+            self.forget_spell(self.recovering_since)
+
+    def forget_spell(self, over_at: float) -> None:
+        now = self.owner.clock()
+        self.ttft.forget_before(over_at + 1e-9)  # a sample recorded as the first answer left is old
+        self.first_answer.forget_before(over_at + 1e-9)
+        if self.probe_speeds:  # the answers measured the speed the spell had dragged down
+            self.decode_tps = DecayedMean(self.owner.half_life_s)
+            for speed in self.probe_speeds:
+                self.decode_tps.add(now, speed)
+        self.spell_over_at = over_at
+        self.bar = NOT_EXCLUDED  # until the prober looks again
+        self.summarized_at = -math.inf
+        self.samples_pending = True
+        self.recovering_since, self.fast_probes, self.probe_speeds = None, 0, []
+        self.changed = True
 
     def busy_concurrency(self, now: float) -> float:
         """Average streams while busy, counting the current stretch; other clients' via signals."""
@@ -310,6 +359,7 @@ class LiveStats:
         stats.record(attempt, route, now)
         stats.breaker.record(attempt, probe=ticket.probe)
         stats.changed = True
+        stats.user_answered(attempt)
 
     def update_signals(self, backend: str, signals: LoadSignals) -> None:
         stats = self._stats(backend)
@@ -328,6 +378,7 @@ class LiveStats:
         stats = self._stats(attempt.backend)
         stats.record(attempt, route, at)
         stats.changed = True
+        stats.user_answered(attempt)
 
     def set_remote_inflight(self, backend: str, inflight: int) -> None:
         stats = self._stats(backend)
@@ -400,32 +451,15 @@ class LiveStats:
         opened_at = None if half_open_at is None else half_open_at - breaker.cooldown_s
         if attempt.status == "ok" and opened_at is not None and ticket.started_at >= opened_at:
             breaker.health_reported(True, recovered=True)
-        if not answered_within(attempt, bar, None if before is None else before[0], ratio):
-            stats.recovering_since, stats.fast_probes, stats.probe_speeds = None, 0, []
-            stats.changed = True
-            return
-        if stats.recovering_since is None:
-            stats.recovering_since = ticket.started_at
-        stats.fast_probes += 1
-        speed = attempt.decode_tokens_per_s if bar.decode_tokens_per_s is not None else None
-        if speed is not None:
-            stats.probe_speeds.append(speed)
-        if stats.fast_probes >= recovery_probes:
-            self._forget_spell(stats, stats.recovering_since)
+        median = None if before is None else before[0]
+        stats.judge_recovery(attempt, bar, median, ratio, recovery_probes, ticket.started_at)
 
-    def _forget_spell(self, stats: _BackendStats, over_at: float) -> None:
-        now = self.clock()
-        stats.ttft.forget_before(over_at + 1e-9)  # a sample recorded as the probe left is old
-        stats.first_answer.forget_before(over_at + 1e-9)
-        if stats.probe_speeds:  # the probes measured the speed the spell had dragged down
-            stats.decode_tps = DecayedMean(self.half_life_s)
-            for speed in stats.probe_speeds:
-                stats.decode_tps.add(now, speed)
-        stats.spell_over_at = over_at
-        stats.summarized_at = -math.inf
-        stats.samples_pending = True
-        stats.recovering_since, stats.fast_probes, stats.probe_speeds = None, 0, []
-        stats.changed = True
+    def set_recovery_bar(self, backend: str, bar: RecoveryBar, recovery_probes: int) -> None:
+        """What answers must show to end a slow spell of ``backend`` now (the prober keeps it current):
+        while routes exclude it, users' answers from the traffic that still reaches it count toward
+        its recovery as probes do."""
+        stats = self._stats(backend)
+        stats.bar, stats.recovery_probes = bar, recovery_probes
 
     def circuit(self, backend: str) -> CircuitBreaker:
         return self._stats(backend).breaker

@@ -55,6 +55,9 @@ class SimProber:
 
     def _tick(self) -> None:
         now = self._timeline.now
+        needed = self._policy.tuning.probes.recovery_probes
+        for name, bar in self._plan.bars(self._policy, self._stats.view).items():
+            self._stats.set_recovery_bar(name, bar, needed)
         for due in self._plan.due(self._policy, self._stats.view, now, self._inflight):
             self._send(due, now)
         if self._running():

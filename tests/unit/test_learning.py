@@ -240,3 +240,18 @@ async def test_waiters_by_deadline_take_a_freed_candidate_nearest_deadline_first
     room.notify()
     await asyncio.wait_for(late, 2.0)
     assert served == ["early", "late"] and room.waiting() == {"kimi-k3": 0}
+
+
+def test_users_answers_from_other_traffic_end_a_spell_like_probes() -> None:
+    clock = FakeClock()
+    stats = LiveStats(clock)
+    _slow_spell_among_fast_samples(stats, clock)
+    stats.set_recovery_bar("b300", RecoveryBar(ttft_s=2.0), recovery_probes=2)
+    serve(stats, clock, "b300", route_name="batch", ttft_s=4.0, completion_tokens=2)  # still slow
+    assert not stats.recovering("b300")
+    serve(stats, clock, "b300", route_name="batch", ttft_s=1.0, completion_tokens=2)
+    assert stats.recovering("b300")
+    serve(stats, clock, "b300", route_name="batch", ttft_s=1.0, completion_tokens=2)
+    clock.advance(1.0)
+    view = stats.view("b300")
+    assert view.ttft_p95_s == 1.0 and view.samples == 2 and view.probes == 0
