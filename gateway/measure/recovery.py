@@ -5,6 +5,7 @@ it happened to carry before the spell.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable
 from dataclasses import dataclass
 
@@ -71,3 +72,59 @@ def answered_within(attempt: Attempt, bar: RecoveryBar, median_ttft_s: float | N
         speed = attempt.decode_tokens_per_s
         return speed is not None and speed >= bar.decode_tokens_per_s
     return True
+
+
+class SpellWatch:
+    """One backend's answers in a row within its bar: after ``needed`` of them the slow spell is over
+    from the first one's sending on (``over_at``); attempts started before then belong to the spell."""
+
+    __slots__ = ("_speeds", "bar", "needed", "over_at", "since", "streak")
+
+    def __init__(self) -> None:
+        self.bar = NOT_EXCLUDED  # what an answer must show while routes exclude the backend
+        self.needed = 2
+        self.since: float | None = None  # when the first answer of the streak was sent
+        self.streak = 0
+        self._speeds: list[float] = []  # decode speeds the streak measured, when a route asks for speed
+        self.over_at = -math.inf
+
+    @property
+    def recovering(self) -> bool:
+        return self.streak > 0
+
+    def user_answered(self, attempt: Attempt) -> float | None:
+        """A user's answer (another route's traffic) counts like a probe while the backend is excluded."""
+        if attempt.probe or not self.bar.excluded or attempt.status not in ("ok", "timeout"):
+            return None
+        if attempt.started_at < self.over_at:
+            return None
+        return self.answered(attempt, self.bar, None, 1.0, self.needed, attempt.started_at)
+
+    def answered(
+        self,
+        attempt: Attempt,
+        bar: RecoveryBar,
+        median: float | None,
+        ratio: float,
+        needed: int,
+        sent_at: float,
+    ) -> float | None:
+        """Count one answer; returns when the spell ended once this one confirms it, else None."""
+        if not answered_within(attempt, bar, median, ratio):
+            self.since, self.streak, self._speeds = None, 0, []
+            return None
+        if self.since is None:
+            self.since = sent_at
+        self.streak += 1
+        speed = attempt.decode_tokens_per_s if bar.decode_tokens_per_s is not None else None
+        if speed is not None:
+            self._speeds.append(speed)
+        if self.streak < needed:
+            return None
+        self.over_at, self.since, self.streak = self.since, None, 0
+        self.bar = NOT_EXCLUDED  # until the prober looks again
+        return self.over_at
+
+    def take_speeds(self) -> list[float]:
+        speeds, self._speeds = self._speeds, []
+        return speeds

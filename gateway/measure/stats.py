@@ -11,7 +11,7 @@ from types import MappingProxyType
 
 from gateway.measure.decayed import DecayedMean, DecayedSamples
 from gateway.measure.health import CircuitBreaker, CircuitState, is_backend_failure
-from gateway.measure.recovery import NOT_EXCLUDED, RecoveryBar, answered_within
+from gateway.measure.recovery import NOT_EXCLUDED, RecoveryBar, SpellWatch
 from gateway.measure.signals import LoadSignals
 from gateway.request.observation import Attempt
 
@@ -82,14 +82,7 @@ class _BackendStats:
         self.probes = 0
         self.last_probe_at: float | None = None
         self.last_user_sample_at: float | None = None
-        self.recovering_since: float | None = None  # first of the fast probes in a row
-        self.fast_probes = 0
-        self.probe_speeds: list[float] = []  # decode speeds those fast probes measured
-        self.bar = NOT_EXCLUDED  # what an answer must show while routes exclude this backend
-        self.recovery_probes = 2
-        # Attempts started before this moment belong to a slow spell that probes showed is over:
-        # one that ends after the verdict teaches nothing about latency or speed.
-        self.spell_over_at = -math.inf
+        self.spell = SpellWatch()  # a slow spell's end, from answers within the excluding routes' SLOs
         self.completion_tokens: dict[str, DecayedMean] = {}
         self.healthy = True
         self.booting = False
@@ -129,7 +122,7 @@ class _BackendStats:
 
     def record(self, attempt: Attempt, route: str, now: float) -> None:
         ttft, first_answer = attempt.ttft_s, attempt.first_answer_s
-        from_spell = attempt.started_at < self.spell_over_at
+        from_spell = attempt.started_at < self.spell.over_at
         if from_spell:
             ttft = first_answer = None
         if attempt.status == "timeout" and attempt.duration_s is not None:
@@ -172,50 +165,23 @@ class _BackendStats:
 
     def user_answered(self, attempt: Attempt) -> None:
         """A user's answer from a backend that routes exclude counts toward its recovery like a probe."""
-        if attempt.probe or not self.bar.excluded or attempt.status not in ("ok", "timeout"):
-            return
-        if attempt.started_at >= self.spell_over_at:
-            self.judge_recovery(attempt, self.bar, None, 1.0, self.recovery_probes, attempt.started_at)
+        self.judge_recovery(self.spell.user_answered(attempt))
 
-    def judge_recovery(
-        self,
-        attempt: Attempt,
-        bar: RecoveryBar,
-        median: float | None,
-        ratio: float,
-        needed: int,
-        sent_at: float,
-    ) -> None:
-        """After ``needed`` answers in a row within ``bar`` (see ``recovery.answered_within``), the
-        samples from before the first of them (a slow spell, now over) stop counting, and so do
-        attempts started before it that are still running."""
-        if not answered_within(attempt, bar, median, ratio):
-            self.recovering_since, self.fast_probes, self.probe_speeds = None, 0, []
-            self.changed = True
+    def judge_recovery(self, over_at: float | None) -> None:
+        """When the spell is over (``over_at``, from ``SpellWatch``), the samples from before it stop
+        counting; the decode speed is what the answers that ended it measured."""
+        self.changed = True
+        if over_at is None:
             return
-        if self.recovering_since is None:
-            self.recovering_since = sent_at
-        self.fast_probes += 1
-        speed = attempt.decode_tokens_per_s if bar.decode_tokens_per_s is not None else None
-        if speed is not None:
-            self.probe_speeds.append(speed)
-        if self.fast_probes >= needed:
-            self.forget_spell(self.recovering_since)
-
-    def forget_spell(self, over_at: float) -> None:
-        now = self.owner.clock()
         self.ttft.forget_before(over_at + 1e-9)  # a sample recorded as the first answer left is old
         self.first_answer.forget_before(over_at + 1e-9)
-        if self.probe_speeds:  # the answers measured the speed the spell had dragged down
+        speeds = self.spell.take_speeds()
+        if speeds:
             self.decode_tps = DecayedMean(self.owner.half_life_s)
-            for speed in self.probe_speeds:
-                self.decode_tps.add(now, speed)
-        self.spell_over_at = over_at
-        self.bar = NOT_EXCLUDED  # until the prober looks again
+            for speed in speeds:
+                self.decode_tps.add(self.owner.clock(), speed)
         self.summarized_at = -math.inf
         self.samples_pending = True
-        self.recovering_since, self.fast_probes, self.probe_speeds = None, 0, []
-        self.changed = True
 
     def busy_concurrency(self, now: float) -> float:
         """Average streams while busy, counting the current stretch; other clients' via signals."""
@@ -425,7 +391,7 @@ class LiveStats:
 
     def recovering(self, backend: str) -> bool:
         """Whether probes have begun to show a recovery that is not confirmed yet."""
-        return self._stats(backend).fast_probes > 0
+        return self._stats(backend).spell.recovering
 
     def probe_finished(
         self,
@@ -452,14 +418,16 @@ class LiveStats:
         if attempt.status == "ok" and opened_at is not None and ticket.started_at >= opened_at:
             breaker.health_reported(True, recovered=True)
         median = None if before is None else before[0]
-        stats.judge_recovery(attempt, bar, median, ratio, recovery_probes, ticket.started_at)
+        stats.judge_recovery(
+            stats.spell.answered(attempt, bar, median, ratio, recovery_probes, ticket.started_at)
+        )
 
     def set_recovery_bar(self, backend: str, bar: RecoveryBar, recovery_probes: int) -> None:
         """What answers must show to end a slow spell of ``backend`` now (the prober keeps it current):
         while routes exclude it, users' answers from the traffic that still reaches it count toward
         its recovery as probes do."""
         stats = self._stats(backend)
-        stats.bar, stats.recovery_probes = bar, recovery_probes
+        stats.spell.bar, stats.spell.needed = bar, recovery_probes
 
     def circuit(self, backend: str) -> CircuitBreaker:
         return self._stats(backend).breaker
