@@ -50,8 +50,8 @@ class SimProber:
         self.sent = 0
 
     def start(self) -> None:
-        if self._policy.tuning.probes.enabled:
-            self._timeline.schedule(0.0, self._tick)
+        # Even with probes off: the bars it keeps let users' answers end a slow spell, as in the gateway.
+        self._timeline.schedule(0.0, self._tick)
 
     def _tick(self) -> None:
         now = self._timeline.now
