@@ -182,7 +182,9 @@ class Runtime:
 
     async def readiness(self) -> dict[str, Any]:
         """Ready when a policy is loaded, at least one of its backends is up, as the signal scraper and
-        the circuits last saw it (nothing is probed here), and the store can admit requests."""
+        the circuits last saw it (nothing is probed here), the store can admit requests, and the
+        start-up probes have shown each route with an SLO where to send (within a start-up timeout),
+        so a rolling restart never sends a first request blind."""
         policy = self.policy
         await self.scraper.first_round_done()
         scraped = self.scraper.status()
@@ -190,10 +192,13 @@ class Runtime:
         store = self.store.report()
         if self.fleet is not None:
             store["fleet"] = self.fleet.report()
+        probed = self.probes.start_up_done()
         return {
             "ready": any(state == "ok" for state in backends.values())
             and self.store.health.serving
+            and probed
             and not self.drain.draining,
+            "start_up_probes": {"done": probed, "routes_waiting": self.probes.start_up_waiting_for()},
             "draining": self.drain.draining,
             "pid": os.getpid(),  # which worker answered, with ``serve --workers``
             "in_flight": {

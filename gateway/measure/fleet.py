@@ -1,6 +1,8 @@
-"""The fleet's view: every sync interval this replica's finished attempts, in-flight counts and circuit
-changes go out through the store, and the other replicas' merge into LiveStats. Decisions never wait
-on it: they read LiveStats, which this background task keeps current.
+"""The fleet's view: every sync interval this replica's finished attempts (probes included), in-flight
+counts and circuit changes go out through the store, and the other replicas' merge into LiveStats.
+Decisions never wait on it: they read LiveStats, which this background task keeps current. A replica
+that joins reads the fleet's recent history first (the store keeps a minute of it), and is not ready
+before that first read, so it starts from the fleet's measurements.
 """
 
 from __future__ import annotations
@@ -45,6 +47,7 @@ class Fleet:
         self._remote: dict[str, tuple[float, dict[str, int]]] = {}  # replica -> (heard at, in flight)
         self.replicas_heard: set[str] = set()
         self.attempts_merged = 0
+        self.synced = False  # the first exchange (the fleet's recent history) has been read
 
     def attempt_finished(self, attempt: Attempt, route: str) -> None:
         if attempt.finished_at is not None:
@@ -75,6 +78,7 @@ class Fleet:
             except (ValueError, TypeError, KeyError, IndexError) as exc:
                 log.warning("ignoring a malformed fleet message from replica %s: %s", message.replica, exc)
         self._apply_remote_inflight(now, backends)
+        self.synced = True
 
     def report(self) -> dict[str, Any]:
         return {"replicas_heard": sorted(self.replicas_heard), "attempts_merged": self.attempts_merged}
@@ -99,7 +103,7 @@ class Fleet:
         self.replicas_heard.add(message.replica)
         for record in body.get("o", ()):
             attempt, route = _decode(record, now - message.age_s)
-            if attempt.backend in policy.backends and route in policy.routes:
+            if attempt.backend in policy.backends and (route in policy.routes or attempt.probe):
                 self._stats.merge_remote(attempt, route, attempt.finished_at or now)
                 self.attempts_merged += 1
         if message.age_s <= 3 * self._interval_s:
@@ -142,12 +146,15 @@ def _encode(attempt: Attempt, route: str, now: float) -> list[Any]:
         attempt.decode_tokens_per_s,
         attempt.duration_s or 0.0,
         None if usage is None else usage.completion_tokens,
+        attempt.probe,
     ]
 
 
 def _decode(record: list[Any], sent_at: float) -> tuple[Attempt, str]:
     """An Attempt that teaches LiveStats what the original did: same timings, speed and length."""
-    backend, route, age, status, http_status, ttft, first_answer, tps, duration, tokens = record
+    # A replica of an older version sends no probe flag: its records are users' attempts.
+    backend, route, age, status, http_status, ttft, first_answer, tps, duration, tokens = record[:10]
+    probe = len(record) > 10 and record[10] is True
     if status not in STATUSES:
         raise ValueError(f"unknown attempt status {status!r}")
     finished_at = sent_at - float(age)
@@ -164,5 +171,6 @@ def _decode(record: list[Any], sent_at: float) -> tuple[Attempt, str]:
         finished_at=finished_at,
         decode_s=decode_s,
         usage=usage,
+        probe=probe,
     )
     return attempt, str(route)

@@ -1,10 +1,8 @@
 """Synthetic probes: one short prompt with ``max_tokens: 1`` that keeps a backend's TTFT and health
 measured while routing avoids it, so the gateway learns without spending users' requests and notices
-a recovery. Probed: every healthy backend once at start-up (and when a reload adds one or it comes
-back up), any candidate of a route with an SLO that had no sample for ``tuning.probes.interval_s``,
-and a backend whose circuit is open at its scrape interval (a success closes the circuit);
-a pool only while it has headroom, a paid API only within the probe budget. Probes are counted apart
-(stats, metrics, and the ledger's ``probes`` table: billed to no route and no key).
+a recovery. Which backend is due when is ``probe_plan.py``'s (the simulator follows the same rules);
+this module sends them off the request path. Probes are counted apart (stats, metrics, the fleet, and
+the ledger's ``probes`` table: billed to no route and no key).
 """
 
 from __future__ import annotations
@@ -13,7 +11,7 @@ import asyncio
 import contextlib
 import itertools
 import logging
-from collections import Counter, deque
+from collections import Counter
 from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
@@ -22,9 +20,9 @@ import orjson
 from gateway.backends import UpstreamCall
 from gateway.errors import AttemptFailure
 from gateway.ledger import row_of
-from gateway.measure.stats import BackendView
+from gateway.measure.probe_plan import PROBE_PROMPT_TOKENS, DueProbe, ProbePlan
 from gateway.money.costs import attempt_cost
-from gateway.policy.compiled import CompiledBackend, CompiledPolicy
+from gateway.policy.compiled import CompiledBackend
 from gateway.request.meter import StreamMeter
 from gateway.request.observation import Attempt, Observation
 
@@ -35,35 +33,45 @@ log = logging.getLogger("gateway.probes")
 
 TICK_S = 0.05  # real seconds between looks at what is due; probes themselves run at the policy's pace
 PROBE_PROMPT = "Reply with one word."
-PROBE_PROMPT_TOKENS = 8
-SECONDS_PER_HOUR = 3600.0
 
 
 class Prober:
-    """Decides which backends are due a probe and sends them, off the request path."""
+    """Sends the probes that the plan says are due, off the request path."""
 
     def __init__(self, runtime: Runtime) -> None:
         self._runtime = runtime
-        self._known: set[str] = set()
-        self._pending: set[str] = set()  # probe once, as soon as healthy: start-up, added, back up
-        self._down: set[str] = set()
+        self._plan = ProbePlan()
         self._inflight: dict[str, asyncio.Task[None]] = {}
-        self._paid: deque[tuple[float, float]] = deque()  # (clock, usd) of paid probes, last hour
         self._ids = itertools.count(1)
         self.sent: Counter[tuple[str, str]] = Counter()  # (backend, outcome) for metrics
 
     def set_backends(self, backends: Mapping[str, CompiledBackend]) -> None:
         """Follow a (re)loaded policy: backends it adds are probed once."""
-        names = set(backends)
-        if self._runtime.policy.tuning.probes.on_start:
-            self._pending |= names - self._known
-        self._pending &= names
-        self._known = names
+        self._plan.set_backends(backends, self._runtime.policy.tuning.probes.on_start)
 
     @property
     def idle(self) -> bool:
         """No probe in flight and none waiting for a healthy backend."""
-        return not self._inflight and not (self._pending - self._down)
+        return self._plan.idle(self._inflight)
+
+    def start_up_done(self) -> bool:
+        """Whether every route with an SLO can be served sighted: one of its candidates is measured
+        within the SLO, or each has been probed or is down; and, in a fleet, the fleet's measurements
+        have been read. True at once with start-up probes off, and ``tuning.probes.startup_timeout_s``
+        after start whatever they found."""
+        runtime = self._runtime
+        if runtime.fleet is not None and not runtime.fleet.synced and not self._timed_out():
+            return False  # the fleet's measurements first: a joining replica starts from them
+        return self._plan.start_up_done(runtime.policy, runtime.stats.view, runtime.clock())
+
+    def start_up_waiting_for(self) -> list[str]:
+        """The routes with an SLO that have no candidate measured within it and one not yet probed."""
+        return self._plan.start_up_waiting_for(self._runtime.policy, self._runtime.stats.view)
+
+    def _timed_out(self) -> bool:
+        started = self._plan.started_at
+        timeout = self._runtime.policy.tuning.probes.startup_timeout_s
+        return started is not None and self._runtime.clock() - started >= timeout
 
     async def run(self) -> None:
         while True:
@@ -83,62 +91,23 @@ class Prober:
 
     def tick(self) -> None:
         runtime = self._runtime
-        policy = runtime.policy
-        now = runtime.clock()
-        settings = policy.tuning.probes
-        if not settings.enabled:
-            return
-        watched = {name for route in policy.routes.values() if route.has_slo for name in route.backends}
-        for name, backend in policy.backends.items():
-            view = runtime.stats.view(name)
-            if not view.healthy or view.booting:
-                self._down.add(name)
-                continue
-            if name in self._down:  # back up: measure it before users meet it
-                self._down.discard(name)
-                self._pending.add(name)
-            if name in self._inflight or view.paused_until is not None:
-                continue
-            if view.circuit == "open":
-                # Re-checked at the scrape interval, not on the circuit's growing cool-down: a probe
-                # that succeeds closes it (LiveStats.probe_finished).
-                last = view.last_probe_at
-                due = last is None or now - last >= backend.signals.interval_s
-            elif not view.accepts_requests:
-                continue
-            else:
-                stale = view.last_sample_at is None or now - view.last_sample_at >= settings.interval_s
-                # A backend with requests in flight is measured by them: only an avoided one is probed.
-                avoided = stale and view.inflight == 0
-                due = name in self._pending or (name in watched and avoided)
-            if due and self._affordable(policy, backend, view, now):
-                self._pending.discard(name)
-                task = asyncio.get_running_loop().create_task(self._probe(backend), name=f"probe:{name}")
-                self._inflight[name] = task
+        loop = asyncio.get_running_loop()
+        needed = runtime.policy.tuning.probes.recovery_probes
+        for name, bar in self._plan.bars(runtime.policy, runtime.stats.view).items():
+            runtime.stats.set_recovery_bar(name, bar, needed)
+        for due in self._plan.due(runtime.policy, runtime.stats.view, runtime.clock(), self._inflight):
+            name = due.backend.name
+            self._inflight[name] = loop.create_task(self._probe(due), name=f"probe:{name}")
 
-    def _affordable(
-        self, policy: CompiledPolicy, backend: CompiledBackend, view: BackendView, now: float
-    ) -> bool:
-        """A pool's probe costs nothing extra while it has headroom; a paid API's comes out of the
-        policy's probe budget."""
-        if backend.pool_price is not None:
-            waiting = view.signals.waiting if view.signals is not None else None
-            return view.inflight < backend.max_concurrency and not waiting
-        while self._paid and self._paid[0][0] < now - SECONDS_PER_HOUR:
-            self._paid.popleft()
-        spent = sum(usd for _, usd in self._paid)
-        prices = backend.token_prices
-        estimate = 0.0 if prices is None else PROBE_PROMPT_TOKENS * prices.input + prices.output
-        return spent + estimate <= policy.tuning.probes.paid_budget_usd_per_hour
-
-    async def _probe(self, backend: CompiledBackend) -> None:
+    async def _probe(self, due: DueProbe) -> None:
         runtime = self._runtime
+        backend = due.backend
         settings = runtime.policy.tuning.probes
         stats = runtime.stats
         ticket = stats.attempt_started(backend.name, probe=True)
         attempt = Attempt(backend=backend.name, started_at=ticket.started_at, probe=True)
         try:
-            await self._send(backend, attempt)
+            await self._send(backend, attempt, due.max_tokens)
         except AttemptFailure as exc:
             attempt.status = "timeout" if exc.kind == "timeout" else "upstream_error"
             attempt.error, attempt.http_status = exc.message, exc.http_status
@@ -150,21 +119,22 @@ class Prober:
         finally:
             if attempt.finished_at is None:
                 attempt.finished_at = runtime.clock()
-            stats.probe_finished(ticket, attempt, settings.recovery_probes, settings.recovery_ratio)
+            stats.probe_finished(ticket, attempt, settings.recovery_probes, settings.recovery_ratio, due.bar)
             self._inflight.pop(backend.name, None)
+            self._plan.finished(backend.name, stats.recovering(backend.name))
+            if runtime.fleet is not None:  # what it measured, the whole fleet (and who joins it) knows
+                runtime.fleet.attempt_finished(attempt, "")
             outcome = "ok" if attempt.status == "ok" else "failed"
             self.sent[backend.name, outcome] += 1
-            if stats.recovering(backend.name):
-                self._pending.add(backend.name)  # confirm a recovery at once, not an interval later
             self._record(backend, attempt)
 
-    async def _send(self, backend: CompiledBackend, attempt: Attempt) -> None:
+    async def _send(self, backend: CompiledBackend, attempt: Attempt, max_tokens: int) -> None:
         runtime = self._runtime
         body = orjson.dumps(
             {
                 "model": backend.model,
                 "messages": [{"role": "user", "content": PROBE_PROMPT}],
-                "max_tokens": 1,
+                "max_tokens": max_tokens,
                 "stream": True,
                 "stream_options": {"include_usage": True},
             }
@@ -207,6 +177,6 @@ class Prober:
             )
             observation.cost_usd, observation.cost_basis = cost.usd, cost.basis
             if backend.token_prices is not None:
-                self._paid.append((runtime.clock(), cost.usd))
+                self._plan.paid(runtime.clock(), cost.usd)
         started_wall = runtime.wall_clock() - (runtime.clock() - attempt.started_at)
         runtime.ledger.append_probe(row_of(observation, started_wall, backend.model, None))

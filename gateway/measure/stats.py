@@ -9,90 +9,14 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
 
+from gateway.measure.decayed import DecayedMean, DecayedSamples
 from gateway.measure.health import CircuitBreaker, CircuitState, is_backend_failure
+from gateway.measure.recovery import NOT_EXCLUDED, RecoveryBar, SpellWatch
 from gateway.measure.signals import LoadSignals
 from gateway.request.observation import Attempt
 
 _NO_ROUTES: Mapping[str, float] = MappingProxyType({})
 PREFILL_MIN_TOKENS = 8000  # uncached prompt tokens from which an attempt's TTFT is mostly prefill
-
-
-class DecayedSamples:
-    """The last ``window`` values; quantiles weigh each one by half every ``half_life_s`` of its age."""
-
-    __slots__ = ("_half_life_s", "_next", "_times", "_values", "_window")
-
-    def __init__(self, window: int, half_life_s: float) -> None:
-        self._window = window
-        self._half_life_s = half_life_s
-        self._values: list[float] = []
-        self._times: list[float] = []
-        self._next = 0
-
-    def __len__(self) -> int:
-        return len(self._values)
-
-    def add(self, at: float, value: float) -> None:
-        if len(self._values) < self._window:
-            self._values.append(value)
-            self._times.append(at)
-            return
-        self._values[self._next] = value
-        self._times[self._next] = at
-        self._next = (self._next + 1) % self._window
-
-    def forget_before(self, at: float) -> None:
-        """Drop every sample older than ``at`` (a slow spell that probes showed is over)."""
-        kept = [(t, v) for t, v in zip(self._times, self._values, strict=True) if t >= at]
-        self._times = [t for t, _ in kept]
-        self._values = [v for _, v in kept]
-        if len(kept) < self._window:
-            self._next = 0  # not full any more: new samples are appended again
-
-    def quantiles(self, *qs: float) -> tuple[float, ...] | None:
-        if not self._values:
-            return None
-        # Weights relative to the newest sample: scaling all weights alike leaves quantiles unchanged,
-        # so the result depends on sample ages, not on when it is asked for.
-        newest = max(self._times)
-        half_life = self._half_life_s
-        weights = [0.5 ** ((newest - t) / half_life) for t in self._times]
-        order = sorted(range(len(self._values)), key=self._values.__getitem__)
-        total = math.fsum(weights)
-        results = []
-        for q in qs:
-            target = q * total
-            cumulative = 0.0
-            chosen = self._values[order[-1]]
-            for i in order:
-                cumulative += weights[i]
-                if cumulative >= target:
-                    chosen = self._values[i]
-                    break
-            results.append(chosen)
-        return tuple(results)
-
-
-class DecayedMean:
-    """A mean in which each value's weight halves every ``half_life_s``; rates are means of 0/1."""
-
-    __slots__ = ("_at", "_half_life_s", "_sum", "_weight")
-
-    def __init__(self, half_life_s: float) -> None:
-        self._half_life_s = half_life_s
-        self._sum = 0.0
-        self._weight = 0.0
-        self._at = 0.0
-
-    def add(self, at: float, value: float) -> None:
-        decay = 0.5 ** (max(0.0, at - self._at) / self._half_life_s)
-        self._at = max(at, self._at)
-        self._sum = self._sum * decay + value
-        self._weight = self._weight * decay + 1.0
-
-    @property
-    def value(self) -> float | None:
-        return self._sum / self._weight if self._weight > 0 else None
 
 
 @dataclass(frozen=True, slots=True)
@@ -158,8 +82,7 @@ class _BackendStats:
         self.probes = 0
         self.last_probe_at: float | None = None
         self.last_user_sample_at: float | None = None
-        self.recovering_since: float | None = None  # first of the fast probes in a row
-        self.fast_probes = 0
+        self.spell = SpellWatch()  # a slow spell's end, from answers within the excluding routes' SLOs
         self.completion_tokens: dict[str, DecayedMean] = {}
         self.healthy = True
         self.booting = False
@@ -199,6 +122,9 @@ class _BackendStats:
 
     def record(self, attempt: Attempt, route: str, now: float) -> None:
         ttft, first_answer = attempt.ttft_s, attempt.first_answer_s
+        from_spell = attempt.started_at < self.spell.over_at
+        if from_spell:
+            ttft = first_answer = None
         if attempt.status == "timeout" and attempt.duration_s is not None:
             # A timeout is a lower bound on the latency: count it, or a hanging backend looks fast.
             ttft = ttft if ttft is not None else attempt.duration_s
@@ -226,7 +152,7 @@ class _BackendStats:
                 uncached = usage.prompt_tokens - usage.cached_prompt_tokens
                 if uncached >= PREFILL_MIN_TOKENS:  # short prompts: TTFT is mostly overhead
                     self.prefill_tps.add(now, uncached / ttft)
-            tps = attempt.decode_tokens_per_s
+            tps = None if from_spell else attempt.decode_tokens_per_s
             if tps is not None:
                 self.decode_tps.add(now, tps)
             if attempt.duration_s is not None:
@@ -236,6 +162,26 @@ class _BackendStats:
                 if mean is None:
                     mean = self.completion_tokens[route] = DecayedMean(self.owner.half_life_s)
                 mean.add(now, attempt.usage.completion_tokens)
+
+    def user_answered(self, attempt: Attempt) -> None:
+        """A user's answer from a backend that routes exclude counts toward its recovery like a probe."""
+        self.judge_recovery(self.spell.user_answered(attempt))
+
+    def judge_recovery(self, over_at: float | None) -> None:
+        """When the spell is over (``over_at``, from ``SpellWatch``), the samples from before it stop
+        counting; the decode speed is what the answers that ended it measured."""
+        self.changed = True
+        if over_at is None:
+            return
+        self.ttft.forget_before(over_at + 1e-9)  # a sample recorded as the first answer left is old
+        self.first_answer.forget_before(over_at + 1e-9)
+        speeds = self.spell.take_speeds()
+        if speeds:
+            self.decode_tps = DecayedMean(self.owner.half_life_s)
+            for speed in speeds:
+                self.decode_tps.add(self.owner.clock(), speed)
+        self.summarized_at = -math.inf
+        self.samples_pending = True
 
     def busy_concurrency(self, now: float) -> float:
         """Average streams while busy, counting the current stretch; other clients' via signals."""
@@ -379,6 +325,7 @@ class LiveStats:
         stats.record(attempt, route, now)
         stats.breaker.record(attempt, probe=ticket.probe)
         stats.changed = True
+        stats.user_answered(attempt)
 
     def update_signals(self, backend: str, signals: LoadSignals) -> None:
         stats = self._stats(backend)
@@ -397,6 +344,7 @@ class LiveStats:
         stats = self._stats(attempt.backend)
         stats.record(attempt, route, at)
         stats.changed = True
+        stats.user_answered(attempt)
 
     def set_remote_inflight(self, backend: str, inflight: int) -> None:
         stats = self._stats(backend)
@@ -443,14 +391,20 @@ class LiveStats:
 
     def recovering(self, backend: str) -> bool:
         """Whether probes have begun to show a recovery that is not confirmed yet."""
-        return self._stats(backend).fast_probes > 0
+        return self._stats(backend).spell.recovering
 
     def probe_finished(
-        self, ticket: AttemptTicket, attempt: Attempt, recovery_probes: int, ratio: float
+        self,
+        ticket: AttemptTicket,
+        attempt: Attempt,
+        recovery_probes: int,
+        ratio: float,
+        bar: RecoveryBar = NOT_EXCLUDED,
     ) -> None:
         """A synthetic probe ended. One that succeeds closes an open circuit. After ``recovery_probes``
-        in a row faster than ``ratio`` times the measured median TTFT, the samples from before them
-        (a slow spell, now over) stop counting."""
+        in a row that answer within ``bar`` (the SLOs of the routes that exclude the backend; see
+        ``recovery.answered_within``), the samples from before them (a slow spell, now over) stop
+        counting, and so do attempts started before them that are still running."""
         stats = self._stats(ticket.backend)
         before = stats.ttft.quantiles(0.5)  # the backend as known before this probe
         stats.integrate(self.clock())
@@ -464,20 +418,16 @@ class LiveStats:
         if attempt.status == "ok" and opened_at is not None and ticket.started_at >= opened_at:
             breaker.health_reported(True, recovered=True)
         median = None if before is None else before[0]
-        ttft = attempt.ttft_s
-        if attempt.status != "ok" or ttft is None or median is None or ttft > median * ratio:
-            stats.recovering_since, stats.fast_probes = None, 0
-            stats.changed = True
-            return
-        if stats.recovering_since is None:
-            stats.recovering_since = self.clock()
-        stats.fast_probes += 1
-        if stats.fast_probes >= recovery_probes:
-            stats.ttft.forget_before(stats.recovering_since - 1e-9)
-            stats.first_answer.forget_before(stats.recovering_since - 1e-9)
-            stats.summarized_at = -math.inf
-            stats.samples_pending = True
-            stats.recovering_since, stats.fast_probes = None, 0
+        stats.judge_recovery(
+            stats.spell.answered(attempt, bar, median, ratio, recovery_probes, ticket.started_at)
+        )
+
+    def set_recovery_bar(self, backend: str, bar: RecoveryBar, recovery_probes: int) -> None:
+        """What answers must show to end a slow spell of ``backend`` now (the prober keeps it current):
+        while routes exclude it, users' answers from the traffic that still reaches it count toward
+        its recovery as probes do."""
+        stats = self._stats(backend)
+        stats.spell.bar, stats.spell.needed = bar, recovery_probes
 
     def circuit(self, backend: str) -> CircuitBreaker:
         return self._stats(backend).breaker

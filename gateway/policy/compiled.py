@@ -86,6 +86,7 @@ class CompiledBackend:
     tls: ssl.SSLContext | None = field(default=None, repr=False, compare=False)
     trust_env: bool = True
     max_connections: int = 1024
+    expected_ttft_s: float | None = None  # the declared TTFT p95 until one is measured
 
 
 @dataclass(frozen=True, slots=True)

@@ -118,8 +118,9 @@ def decide(
     rng: random.Random,
     memo: DecisionMemo | None = None,
 ) -> Decision:
-    """Rank the route's eligible candidates: within the SLO by the objective, then the unmeasured,
-    then (unless the route rejects) the infeasible by ``when_infeasible``; maybe explore.
+    """Rank the route's eligible candidates: measured within the SLO by the objective, then the
+    unmeasured that the policy declares within it (``expected_ttft_ms``), then the unknown, then (unless
+    the route rejects) the measured or declared infeasible by ``when_infeasible``; maybe explore.
 
     Each candidate becomes one plain sort key, ``(class, primary, secondary, index)``, so ranking is
     a C-speed sort of tuples; the index keeps route order among equals.
@@ -155,11 +156,11 @@ def decide(
             continue
         eligible.append(index)
         ttft = math.inf if standing.ttft_p95_s is None else standing.ttft_p95_s
-        if standing.measured and not standing.feasible:
+        if not standing.feasible:  # measured or declared outside the SLO
             if not reject:
-                keys.append((2, cost, ttft, index) if infeasible_by_cost else (2, ttft, cost, index))
+                keys.append((3, cost, ttft, index) if infeasible_by_cost else (3, ttft, cost, index))
             continue
-        rank = 0 if standing.measured else 1
+        rank = 0 if standing.measured else 1 if standing.declared else 2
         if objective == "lowest_cost":
             keys.append((rank, cost, ttft, index))
         elif objective == "lowest_ttft":
@@ -196,7 +197,7 @@ def _reason(best_rank: int | None, route: CompiledRoute) -> Reason:
     single = len(route.backends) == 1
     if best_rank == 0:
         return "only_candidate" if single else WITHIN_SLO_REASONS[route.objective]
-    if best_rank == 1:
+    if best_rank in (1, 2):
         return "only_candidate" if single else "unmeasured_candidate"
     if best_rank is None:
         return "rejected_no_feasible"

@@ -56,6 +56,7 @@ class CandidateEval(NamedTuple):
     last_sample_at: float | None
     blocked_by: tuple[str, ...]  # why it is not eligible, e.g. "circuit open"
     slo: Slo
+    declared: bool = False  # unmeasured, judged on the policy's expected_ttft_ms
 
     @property
     def why(self) -> tuple[str, ...]:
@@ -63,7 +64,8 @@ class CandidateEval(NamedTuple):
         reasons = list(self.blocked_by)
         slo = self.slo
         if self.meets_ttft is False and self.ttft_p95_s is not None and slo.ttft_p95_ms is not None:
-            reasons.append(f"ttft p95 {_seconds(self.ttft_p95_s)} > slo {_seconds(slo.ttft_p95_ms / 1000)}")
+            what = "declared ttft" if self.declared else "ttft p95"
+            reasons.append(f"{what} {_seconds(self.ttft_p95_s)} > slo {_seconds(slo.ttft_p95_ms / 1000)}")
         if self.meets_decode is False and self.decode_tokens_per_s is not None:
             reasons.append(
                 f"decode {self.decode_tokens_per_s:.1f} tok/s < slo {slo.min_decode_tokens_per_s:.1f} tok/s"
@@ -107,6 +109,7 @@ class Standing(NamedTuple):
     learned_output_tokens: float | None
     default_output_tokens: float  # learned, else the prior for this kind of model; before max_tokens
     rates: CostRates  # USD per prompt token and per output token at this standing
+    declared: bool  # unmeasured, and its TTFT is the policy's expected_ttft_ms
 
 
 def evaluate(req: RequestFeatures, backend: CompiledBackend, view: BackendView, slo: Slo) -> CandidateEval:
@@ -121,7 +124,11 @@ def standing_of(
     pool's queue included) still meets its TTFT SLO."""
     blocked_by = _blocked_by(backend, view)
     queued_ahead, queue_wait = predict_queue(backend, view)
-    ttft = None if view.ttft_p95_s is None else view.ttft_p95_s + queue_wait
+    measured = view.samples > 0
+    # Until something is measured, the policy's declared figure stands in for the measured p95.
+    declared = not measured and backend.expected_ttft_s is not None
+    p95 = backend.expected_ttft_s if declared else view.ttft_p95_s
+    ttft = None if p95 is None else p95 + queue_wait
     if beyond_max and blocked_by and _within(ttft, slo.ttft_p95_ms):
         blocked_by = tuple(b for b in blocked_by if not b.startswith("at max concurrency"))
     first_answer = None if view.first_answer_p95_s is None else view.first_answer_p95_s + queue_wait
@@ -137,7 +144,7 @@ def standing_of(
     learned = view.completion_tokens_by_route.get(route)
     return Standing(
         blocked_by,
-        view.samples > 0,
+        measured,
         feasible,
         ttft,
         first_answer,
@@ -153,6 +160,7 @@ def standing_of(
         learned,
         predict_output_tokens(prior_output_tokens(backend), learned, None),
         cost_rates(backend, usd_per_mtok, headroom, view.prefill_tokens_per_s),
+        declared,
     )
 
 
@@ -189,6 +197,7 @@ def evaluation(
         standing.last_sample_at,
         blocked_by,
         slo,
+        standing.declared,
     )
 
 

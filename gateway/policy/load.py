@@ -245,6 +245,7 @@ def _compile_backend(
         tls=None if backend.tls is None else tls_context(backend.tls, base_dir),
         trust_env=backend.trust_env,
         max_connections=backend.max_connections,
+        expected_ttft_s=None if backend.expected_ttft_ms is None else backend.expected_ttft_ms / 1000.0,
     )
 
 

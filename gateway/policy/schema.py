@@ -147,6 +147,10 @@ class Backend(Strict):
     trust_env: bool = True
     # Connections open at once to its origin; more requests wait (in order) for one to come back.
     max_connections: Annotated[int, Field(ge=1, le=65_536)] = 1024
+    # Its time to first token (ms, as a p95) until probes or traffic have measured it: a candidate
+    # declared outside a route's TTFT SLO gets none of that route's requests while another is within
+    # it, from the first request of a fresh gateway on. Unset: unknown until measured.
+    expected_ttft_ms: PositiveFloat | None = None
 
 
 class Slo(Strict):
@@ -365,10 +369,14 @@ class ProbeTuning(Strict):
     interval_s: PositiveFloat = 15.0
     # Probe every healthy backend once at start-up and when a reload adds one.
     on_start: bool = True
+    # /ready answers 503 until the start-up probes have shown each route with an SLO where to send
+    # (a candidate measured within it, or every candidate measured), or for this long after start.
+    startup_timeout_s: PositiveFloat = 30.0
     # Paid (per-token) backends are probed only within this spend per hour; pools only with headroom.
     paid_budget_usd_per_hour: NonNegativeFloat = 0.05
-    # Consecutive probes this much faster than the backend's measured p50 TTFT show it recovered:
-    # the samples from the slow spell stop counting.
+    # Consecutive probes that answer within the SLOs of the routes that exclude a backend show it
+    # recovered: the samples from the slow spell stop counting. They go out one after another once the
+    # first answers within. A backend no route excludes needs probes ``recovery_ratio`` times its p50.
     recovery_probes: Annotated[int, Field(ge=1, le=100)] = 2
     recovery_ratio: Annotated[float, Field(gt=0, lt=1)] = 0.5
 

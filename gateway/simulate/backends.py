@@ -16,6 +16,7 @@ from typing import Any, Literal, Protocol
 
 from gateway.emulator.profiles import Profile
 from gateway.simulate.timeline import Timeline
+from gateway.simulate.workload import Fault
 
 JobState = Literal["new", "waiting", "prefill", "decode", "done", "failed", "cancelled"]
 FailureKind = Literal["connect_error", "upstream_error", "dropped"]
@@ -24,8 +25,8 @@ FailureKind = Literal["connect_error", "upstream_error", "dropped"]
 class Job:
     """One attempt on one backend; ``owner`` is whatever the engine hangs on it."""
 
-    __slots__ = ("admitted_at", "first_token_at", "http_status", "output_tokens", "owner", "prompt_tokens",
-                 "state", "submitted_at", "target")  # fmt: skip
+    __slots__ = ("added_ttft_s", "admitted_at", "first_token_at", "http_status", "output_tokens", "owner",
+                 "prompt_tokens", "state", "submitted_at", "target")  # fmt: skip
 
     def __init__(self, prompt_tokens: int, output_tokens: int, owner: Any) -> None:
         self.prompt_tokens = prompt_tokens
@@ -37,6 +38,7 @@ class Job:
         self.first_token_at: float | None = None
         self.target = 0.0  # the progress at which its last token is out
         self.http_status: int | None = None
+        self.added_ttft_s = 0.0  # a slow spell's delay, fixed when it arrives (as the emulator does)
 
 
 class JobSink(Protocol):
@@ -87,6 +89,7 @@ class BackendModel:
     def submit(self, job: Job) -> None:
         now = self.timeline.now
         job.submitted_at = now
+        job.added_ttft_s = self.added_ttft_s
         if self.down:
             self._fail_soon(job, "connect_error", None)
         elif self.booting:
@@ -112,6 +115,22 @@ class BackendModel:
         self._advance()
         self.slowdown = factor
         self._reschedule()
+
+    def apply_fault(self, fault: Fault, on: bool) -> None:
+        """A workload's fault window begins (``on``) or ends."""
+        if fault.kind == "down":
+            self.down = on
+            if on:
+                self.fail_everything("connect_error")
+        elif fault.kind == "booting":
+            self.booting = on
+            if on:
+                self.fail_everything("upstream_error")
+        elif fault.kind == "slow":
+            self.set_slowdown(fault.slowdown if on else 1.0)
+            self.added_ttft_s = fault.added_ttft_ms / 1000.0 if on else 0.0
+        else:
+            self.error_rate = fault.error_rate if on else 0.0
 
     def fail_everything(self, kind: FailureKind) -> None:
         """The server died or restarted: every request it held ends now."""
@@ -139,7 +158,7 @@ class BackendModel:
         self.running.add(job)
         job.state = "prefill"
         job.admitted_at = self.timeline.now
-        ttft = self.profile.ttft_s(job.prompt_tokens, self.rng) + self.added_ttft_s
+        ttft = self.profile.ttft_s(job.prompt_tokens, self.rng) + job.added_ttft_s
         self.timeline.schedule(self.timeline.now + ttft, self._first_token, job)
         self._reschedule()
 

@@ -2,7 +2,9 @@
 circuit breakers, budgets and cost model, on a virtual clock, against backend performance models.
 
 The request path mirrors the gateway's (decide -> admit against budgets -> attempts in order with
-fallback until one answers -> stats, cost, settlement); only the network is replaced.
+fallback until one answers -> stats, cost, settlement); only the network is replaced. The gateway's
+synthetic probes run too (``probing.py``), so a recovery is noticed when the gateway would notice it,
+and a request whose candidates are all full waits in the route's bounded queue (``waiting.py``).
 """
 
 from __future__ import annotations
@@ -22,7 +24,9 @@ from gateway.policy.compiled import CompiledPolicy, CompiledRoute
 from gateway.policy.decide import Decision, DecisionMemo, RequestFeatures, decide
 from gateway.request.observation import Attempt, Observation, Usage
 from gateway.simulate.backends import BackendModel, FailureKind, Job
+from gateway.simulate.probing import ProbeFlight, SimProber
 from gateway.simulate.timeline import Timeline
+from gateway.simulate.waiting import SimWaitingRoom
 from gateway.simulate.workload import Fault, SimRequest, Workload, backend_profile
 from gateway.store.memory import MemoryStore
 
@@ -111,6 +115,8 @@ class Simulation:
             profile = backend_profile(workload.backends.get(name), backend.dialect)
             backend_rng = random.Random(seed * 1_000_003 + zlib.crc32(name.encode()))
             self.models[name] = BackendModel(name, profile, self.timeline, backend_rng, self)
+        self.prober = SimProber(policy, self.stats, self.timeline, self.models, lambda: not self._end_of_run)
+        self.waiting = SimWaitingRoom(self.timeline, self._decide, self._admit, self._busy)
         self.outcomes: list[Outcome] = []
         self.budget_exhausted_at: dict[str, float] = {}
         self._health: dict[str, tuple[bool, bool]] = {}
@@ -131,6 +137,7 @@ class Simulation:
             signals = backend.signals
             if signals.metrics_url or signals.slots_url or signals.health_url:
                 timeline.schedule(0.0, self._scrape, name, signals.interval_s)
+        self.prober.start()
         requests = self.workload.requests
         steps = 100
         end = self.workload.duration_s
@@ -177,12 +184,25 @@ class Simulation:
             max_tokens=req.max_tokens,
         )
         flight = _Flight(req, route, observation, self.wall())
-        features = RequestFeatures(route.name, req.prompt_tokens, req.max_tokens, req.stream)
-        decision = self.router.decide(self, features, route)
-        observation.decision_reason = decision.reason
+        decision = self._decide(flight)
         if not decision.order:
-            self._finish(flight, "no_backend_available")
+            refused = self.waiting.enter(flight, route, decision, flight.deadline)
+            if refused is not None:
+                self._finish(flight, refused)
             return
+        self._admit(flight, decision)
+
+    def _decide(self, flight: _Flight) -> Decision:
+        req = flight.req
+        features = RequestFeatures(flight.route.name, req.prompt_tokens, req.max_tokens, req.stream)
+        return self.router.decide(self, features, flight.route)
+
+    def _busy(self, flight: _Flight) -> None:
+        self._finish(flight, "backends_busy")
+
+    def _admit(self, flight: _Flight, decision: Decision) -> None:
+        observation, route, now = flight.observation, flight.route, self.timeline.now
+        observation.decision_reason = decision.reason
         try:
             flight.order, _, flight.reservation = run_now(
                 self.budgets.admit(observation, route, decision, self.policy, self.wall())
@@ -225,11 +245,14 @@ class Simulation:
     # JobSink: what the backend models report.
 
     def first_token(self, job: Job) -> None:
-        flight: _Flight = job.owner
-        if flight.job is job and flight.first_token_at is None:
+        flight = job.owner
+        if isinstance(flight, _Flight) and flight.job is job and flight.first_token_at is None:
             flight.first_token_at = self.timeline.now
 
     def finished(self, job: Job) -> None:
+        if isinstance(job.owner, ProbeFlight):
+            self.prober.finished(job)
+            return
         flight: _Flight = job.owner
         if flight.job is not job or flight.attempt is None or flight.ticket is None:
             return
@@ -256,8 +279,12 @@ class Simulation:
         if backend.token_prices is not None:
             self._api_spend[name] = self._api_spend.get(name, 0.0) + cost.usd
         self._finish(flight, None)
+        self.waiting.notify()  # a place freed
 
     def failed(self, job: Job, kind: FailureKind) -> None:
+        if isinstance(job.owner, ProbeFlight):
+            self.prober.failed(job, job.http_status)
+            return
         flight: _Flight = job.owner
         if flight.job is not job:
             return
@@ -276,6 +303,7 @@ class Simulation:
             return
         flight.first_token_at = None
         self._next_attempt(flight)
+        self.waiting.notify()
 
     def _backend_of(self, flight: _Flight) -> str:
         assert flight.attempt is not None
@@ -344,24 +372,8 @@ class Simulation:
         model = self.models.get(fault.backend)
         if model is None:
             raise ValueError(f"a fault names backend {fault.backend!r}, which the policy does not have")
-        self.timeline.schedule(fault.start_s, _apply_fault, model, fault, True)
-        self.timeline.schedule(fault.end_s, _apply_fault, model, fault, False)
-
-
-def _apply_fault(model: BackendModel, fault: Fault, on: bool) -> None:
-    if fault.kind == "down":
-        model.down = on
-        if on:
-            model.fail_everything("connect_error")
-    elif fault.kind == "booting":
-        model.booting = on
-        if on:
-            model.fail_everything("upstream_error")
-    elif fault.kind == "slow":
-        model.set_slowdown(fault.slowdown if on else 1.0)
-        model.added_ttft_s = fault.added_ttft_ms / 1000.0 if on else 0.0
-    else:
-        model.error_rate = fault.error_rate if on else 0.0
+        self.timeline.schedule(fault.start_s, model.apply_fault, fault, True)
+        self.timeline.schedule(fault.end_s, model.apply_fault, fault, False)
 
 
 def _within_slo(route: CompiledRoute, ttft_s: float | None, decode: float | None) -> bool:

@@ -11,8 +11,9 @@ from gateway.policy.load import PolicyError, PolicyFileUnreadable, compile_polic
 SOURCE = "policies/x.yaml"
 
 BACKEND_KEYS = (
-    "api_key_env, context_window, dialect, family, forward_user, max_concurrency, max_connections, model, "
-    "pricing, resume, signals, system_messages, thinking, timeouts, tls, trust_env, url"
+    "api_key_env, context_window, dialect, expected_ttft_ms, family, forward_user, max_concurrency, "
+    "max_connections, model, pricing, resume, signals, system_messages, thinking, timeouts, tls, "
+    "trust_env, url"
 )
 
 

@@ -12,7 +12,7 @@ from gateway.measure.fleet import Fleet
 from gateway.measure.stats import LiveStats
 from gateway.store import Message
 from gateway.store.memory import MemoryStore
-from tests.unit.factories import FakeClock, api_backend, policy, pool_backend, route, serve
+from tests.unit.factories import FakeClock, api_backend, attempt, policy, pool_backend, route, serve
 
 POLICY = policy([pool_backend("b300"), api_backend("api")], [route(("b300", "api"))])
 INTERVAL_S = 0.5
@@ -104,3 +104,24 @@ async def test_a_circuit_opened_by_one_replica_is_open_on_the_other_and_not_echo
     assert one.stats.view("api").circuit == "closed"
     await sync(one, two)
     assert two.stats.view("api").circuit == "closed"
+
+
+async def test_a_replica_that_joins_starts_from_what_the_fleet_has_probed() -> None:
+    board, clock = Board(), FakeClock()
+    stats = LiveStats(clock)
+    one = Fleet(stats, BoardStore(board, "one"), lambda: POLICY, clock, INTERVAL_S)
+    ticket = stats.attempt_started("api", probe=True)
+    probe = attempt("api", clock.now, ttft_s=0.5, completion_tokens=1)
+    probe.probe = True
+    clock.now = probe.finished_at or clock.now
+    stats.probe_finished(ticket, probe, recovery_probes=2, ratio=0.5)
+    one.attempt_finished(probe, "")
+    await one.sync_once()
+    # A new replica reads the board from its start, as a new Redis reader reads the last minute.
+    joined = LiveStats(clock)
+    fleet = Fleet(joined, BoardStore(board, "new"), lambda: POLICY, clock, INTERVAL_S)
+    assert not fleet.synced
+    await fleet.sync_once()
+    view = joined.view("api")
+    assert fleet.synced and view.samples == 1 and view.ttft_p95_s == pytest.approx(0.5) and view.probes == 1
+    assert view.last_user_sample_at is None, "a probe, not a user's request"

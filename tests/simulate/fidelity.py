@@ -1,7 +1,8 @@
 """The fidelity comparison: one seeded ramp sent through the real gateway against three emulated pools
 over HTTP, and through the simulator, with the same profiles and policy; both summarized alike.
 
-``python -m tests.simulate.fidelity 300`` runs a longer version and prints both sides.
+``python -m tests.simulate.fidelity 300 [--probes] [--spell]`` runs a longer version and prints both
+sides (``--spell``: the B300 pool slowed by 4 s for a fifth of the run; ``--probes``: probes on).
 """
 
 from __future__ import annotations
@@ -32,6 +33,13 @@ from tests.servers import ProcessServer, free_port, python_module, threaded_serv
 TIME_SCALE = float(os.environ.get("FIDELITY_TIME_SCALE", "0.25"))
 PAID_KEY = "fidelity-paid-key"
 SEATS = 8  # a small B300 pool, so a short ramp overloads it
+SPELL_ADDED_TTFT_MS = 4000.0
+# Both sides model the gateway's synthetic probes now, but with them on they part by more than the
+# test's bounds: after each recovery the pool (8 seats behind a policy that says 64) is refilled past
+# its SLO and excluded again, and that oscillation runs its own course on each side (120 s ramp: B300
+# share 49% real against 52-55% simulated, TTFT p95 2.4 s against 2.4-2.7 s; with a 24 s slow spell
+# 49% against 39-44%). ``--probes`` and ``--spell`` run those comparisons.
+PROBES_OFF = "tuning: {probes: {enabled: false}}\n"
 # Long answers from the emulators; each request's max_tokens sets its real length.
 OVERRIDES: dict[str, dict[str, Any]] = {
     "b300-vllm": {"max_running": SEATS, "content_tokens": 100_000},
@@ -44,7 +52,7 @@ def profiles() -> dict[str, Profile]:
     return {name: PROFILES[name].with_overrides(changes) for name, changes in OVERRIDES.items()}
 
 
-def policy_text(urls: dict[str, str], real_seconds: float) -> str:
+def policy_text(urls: dict[str, str], real_seconds: float, probes: bool = False) -> str:
     """The policy both sides run; ``real_seconds`` turns emulated seconds into the gateway's real ones
     (its scraper and timeouts wait in real time; its stats run on the emulated clock)."""
     interval = 1.0 * real_seconds
@@ -84,13 +92,17 @@ routes:
     backends: [b300-vllm, paid-api, a100-llamacpp]
     slo: {{ttft_p95_ms: 3000, min_decode_tokens_per_s: 20}}
     exploration: 0
-# The simulator does not model the gateway's synthetic probes yet: the gateway sends none here (with
-# them, the gateway finds the B300 pool's recovery that the simulator cannot see, and costs less).
-tuning: {{probes: {{enabled: false}}}}
-"""
+{"" if probes else PROBES_OFF}"""
 
 
-def workload(duration_s: float, seed: int = 11) -> Workload:
+def spell(duration_s: float) -> dict[str, Any]:
+    """The B300 pool's first token 4 s later for a fifth of the run, while it carries most traffic."""
+    start = 0.25 * duration_s
+    return {"backend": "b300-vllm", "kind": "slow", "start_s": start, "end_s": start + 0.2 * duration_s,
+            "added_ttft_ms": SPELL_ADDED_TTFT_MS}  # fmt: skip
+
+
+def workload(duration_s: float, seed: int = 11, with_spell: bool = False) -> Workload:
     spec = WorkloadFile.model_validate(
         {
             "name": "fidelity-ramp",
@@ -105,6 +117,7 @@ def workload(duration_s: float, seed: int = 11) -> Workload:
             "backends": {
                 name: {"profile": name, "overrides": changes} for name, changes in OVERRIDES.items()
             },
+            "faults": [spell(duration_s)] if with_spell else [],
         }
     )
     synthetic = synthesize(spec)
@@ -149,11 +162,19 @@ def prompt_of(index: int, tokens: int) -> str:
     return head + "x" * max(0, 4 * tokens - len(head))
 
 
-async def _send_all(base_url: str, requests: list[SimRequest], time_scale: float) -> Counter[int]:
+async def _send_all(
+    base_url: str, requests: list[SimRequest], time_scale: float, faults: list[tuple[float, str, float]]
+) -> Counter[int]:
+    """Send ``requests`` on their schedule; ``faults`` are (emulated s, emulator URL, added TTFT ms)."""
     statuses: Counter[int] = Counter()
     limits = httpx.Limits(max_connections=500, max_keepalive_connections=100)
     async with httpx.AsyncClient(base_url=base_url, timeout=600, limits=limits) as client:
         started = time.monotonic()
+
+        async def inject(at: float, url: str, added_ttft_ms: float) -> None:
+            await asyncio.sleep(max(0.0, started + at * time_scale - time.monotonic()))
+            answer = await client.post(url + "/emulator/faults", json={"added_ttft_ms": added_ttft_ms})
+            answer.raise_for_status()
 
         async def one(index: int, req: SimRequest) -> None:
             await asyncio.sleep(max(0.0, started + req.at * time_scale - time.monotonic()))
@@ -167,22 +188,28 @@ async def _send_all(base_url: str, requests: list[SimRequest], time_scale: float
                 await response.aread()
                 statuses[response.status_code] += 1
 
-        await asyncio.gather(*(one(i, r) for i, r in enumerate(requests)))
+        await asyncio.gather(*(one(i, r) for i, r in enumerate(requests)), *(inject(*f) for f in faults))
     return statuses
 
 
-def through_gateway(work: Workload, tmp: Path, time_scale: float = TIME_SCALE) -> dict[str, Any]:
+def through_gateway(
+    work: Workload, tmp: Path, time_scale: float = TIME_SCALE, probes: bool = False
+) -> dict[str, Any]:
     os.environ["FIDELITY_PAID_KEY"] = PAID_KEY
     with emulator_process(time_scale) as urls:
         path = tmp / "gateway-policy.yaml"
-        path.write_text(policy_text(urls, time_scale))
+        path.write_text(policy_text(urls, time_scale, probes))
         options = {
             "clock": emulated_clock(time_scale),
             "rng": random.Random(7),
             "ledger_path": tmp / "l.sqlite3",
         }
+        faults = []
+        for fault in work.faults:
+            url = urls[fault.backend]
+            faults += [(fault.start_s, url, fault.added_ttft_ms), (fault.end_s, url, 0.0)]
         with running_gateway(path, **options) as gateway:
-            statuses = asyncio.run(_send_all(gateway.base_url, work.requests, time_scale))
+            statuses = asyncio.run(_send_all(gateway.base_url, work.requests, time_scale, faults))
     conn = sqlite3.connect(tmp / "l.sqlite3")
     rows = conn.execute("SELECT backend, cost_usd, ttft_s, status, cost_basis FROM requests").fetchall()
     conn.close()
@@ -201,10 +228,10 @@ def through_gateway(work: Workload, tmp: Path, time_scale: float = TIME_SCALE) -
     }
 
 
-def through_simulator(work: Workload, tmp: Path) -> dict[str, Any]:
+def through_simulator(work: Workload, tmp: Path, probes: bool = False) -> dict[str, Any]:
     urls = {name: f"http://127.0.0.1:9/{name}" for name in OVERRIDES}  # never dialled
     path = tmp / "sim-policy.yaml"
-    path.write_text(policy_text(urls, 1.0))
+    path.write_text(policy_text(urls, 1.0, probes))
     os.environ["FIDELITY_PAID_KEY"] = PAID_KEY
     result: RunResult = Simulation(load_policy(path), work, PolicyRouter("fidelity"), seed=7).run()
     summary = summarize(result)
@@ -220,11 +247,13 @@ def main() -> None:
             while True:
                 time.sleep(3600)
 
-    duration = float(sys.argv[1]) if len(sys.argv) > 1 else 120.0
-    work = workload(duration)
+    args = [a for a in sys.argv[1:] if not a.startswith("--")]
+    probes, with_spell = "--probes" in sys.argv, "--spell" in sys.argv
+    duration = float(args[0]) if args else 120.0
+    work = workload(duration, with_spell=with_spell)
     with tempfile.TemporaryDirectory() as tmp:
-        real = through_gateway(work, Path(tmp))
-        sim = through_simulator(work, Path(tmp))
+        real = through_gateway(work, Path(tmp), probes=probes)
+        sim = through_simulator(work, Path(tmp), probes=probes)
     keys = ("requests", "failures", "api_usd", "total_cost_usd", "ttft_p95_s", "share")
     for key in keys:
         print(f"{key:>16}: gateway {real[key]!r:<60} simulator {sim[key]!r}")

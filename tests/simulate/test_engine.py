@@ -119,3 +119,40 @@ def test_profiles_come_from_the_emulators() -> None:
         backend_profile(BackendModel(profile="b300-vllm", overrides={"seats": 8}), "vllm")
     with pytest.raises(WorkloadError, match="unknown profile"):
         backend_profile(BackendModel(profile="h100-sglang"), "vllm")
+
+
+@pytest.mark.parametrize("probes", [True, False])
+def test_probes_bring_a_pool_back_after_a_slow_spell_as_the_gateway_would(
+    tmp_path: Path, probes: bool
+) -> None:
+    policy = tiny_policy(tmp_path, probes=probes)
+    # A request every 2 s for 200 s; the pool's first token 4 s later from 20 s to 60 s.
+    spell = (Fault(backend="pool", kind="slow", start_s=20.0, end_s=60.0, added_ttft_ms=4000),)
+    result = run(policy, [request(2.0 * i) for i in range(100)], faults=spell)
+    during = [o.backend for o in result.outcomes if 30 <= o.at < 60]
+    assert during.count("api") == len(during), "the slow pool is left"
+    back = [o.at for o in result.outcomes if o.at >= 60 and o.backend == "pool"]
+    if probes:
+        # Probed at the 15 s interval, then confirmed at once: back well inside 20 s of the spell's end.
+        assert back and back[0] - 60 <= 20, back[:3]
+    else:
+        assert not back or back[0] - 60 > 60, "without probes nothing measures the avoided pool"
+
+
+@pytest.mark.parametrize(("max_wait_s", "second"), [(10, "ok"), (0.5, "backends_busy"), (0, "backends_busy")])
+def test_a_request_finding_its_pool_full_waits_within_the_routes_bound(
+    tmp_path: Path, max_wait_s: float, second: str
+) -> None:
+    policy = tiny_policy(
+        tmp_path,
+        route_extra=f"waiting: {{max_wait_s: {max_wait_s}}}",
+        pool_extra="max_concurrency: 1",
+        backends="pool",
+    )
+    # The one seat is busy from 0 s to 2 s (1 s TTFT, 100 tokens at 100 tok/s): the second request waits.
+    result = run(policy, [request(0.0), request(0.1)])
+    first, then = result.outcomes
+    assert first.ok and first.backend == "pool"
+    assert (then.error or "ok") == second
+    if second == "ok":
+        assert then.backend == "pool" and then.ttft_s == pytest.approx(2.0 + 1.0 - 0.1)

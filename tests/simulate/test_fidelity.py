@@ -1,7 +1,8 @@
 """Fidelity: the same seeded ramp (three emulated pools, a small B300 pool that the ramp overloads)
 through the real gateway over HTTP and through the simulator agrees on total cost within 5%, TTFT p95
-within 10% and each backend's share within 5 points. ``python -m tests.simulate.fidelity 300`` runs
-the longer comparison.
+within 10% and each backend's share within 5 points. Probes are off on both sides: with them on the
+two part by more than these bounds (``tests/simulate/fidelity.py`` says by how much).
+``python -m tests.simulate.fidelity 300`` runs the longer comparison.
 
 The route explores nothing (``exploration: 0``): with exploration the pool is revisited at random
 moments and a single run of either side scatters by several points of share (the simulator alone,

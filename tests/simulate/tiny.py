@@ -22,8 +22,11 @@ API = BackendModel(
 )
 
 
-def tiny_policy(tmp: Path, route_extra: str = "", pool_extra: str = "") -> CompiledPolicy:
-    """``pool`` costs $36/h (assumed 100 tok/s: $100 per 1M), ``api`` $15 per 1M output tokens."""
+def tiny_policy(
+    tmp: Path, route_extra: str = "", pool_extra: str = "", probes: bool = False, backends: str = "pool, api"
+) -> CompiledPolicy:
+    """``pool`` costs $36/h (assumed 100 tok/s: $100 per 1M), ``api`` $15 per 1M output tokens. No
+    synthetic probes unless asked: they would take the one seat by hand-worked moments."""
     path = tmp / "tiny.yaml"
     path.write_text(f"""
 backends:
@@ -42,10 +45,11 @@ backends:
     pricing: {{per_token: {{input_usd_per_mtok: 0, output_usd_per_mtok: 15}}}}
 routes:
   r:
-    backends: [pool, api]
+    backends: [{backends}]
     slo: {{ttft_p95_ms: 1500}}
     exploration: 0
     {route_extra}
+tuning: {{probes: {{enabled: {str(probes).lower()}}}}}
 """)
     return load_policy(path)
 

@@ -262,3 +262,31 @@ def test_traffic_moves_off_a_slow_pool_and_back_after_it_recovers() -> None:
         stats.probe_finished(ticket, done, recovery_probes=2, ratio=0.5)
     recovered = run(500)
     assert share_of_pool(recovered) > 0.8
+
+
+def test_a_fresh_gateway_sends_nothing_to_a_candidate_declared_outside_the_slo() -> None:
+    # The start-up: an A100-like pool (7 s) and a paid API behind a 2 s SLO, nothing measured.
+    a100 = replace(pool_backend("a100", usd_per_hour=20.09, accounting="marginal"), expected_ttft_s=7.0)
+    api = replace(api_backend("api"), expected_ttft_s=1.5)
+    rt = route(("a100", "api"), slo=Slo(ttft_p95_ms=2000))
+    decision = _decide(policy([a100, api], [rt]), rt, {})
+    assert decision.order == ("api", "a100") and decision.reason == "unmeasured_candidate"
+    why = decision.evaluation("a100").why  # type: ignore[union-attr]
+    assert "declared ttft 7.0s > slo 2.0s" in why and "unmeasured" in why
+    # Undeclared, the cheap pool would have gone first: the declaration is what holds it back.
+    bare = policy([replace(a100, expected_ttft_s=None), replace(api, expected_ttft_s=None)], [rt])
+    assert _decide(bare, rt, {}).order == ("a100", "api")
+
+
+def test_measured_within_the_slo_goes_before_declared_within_before_unknown() -> None:
+    pool = pool_backend("b300", accounting="marginal")  # the cheapest: first among equals
+    declared = replace(api_backend("api"), expected_ttft_s=1.0)
+    other = api_backend("other", output_per_mtok=30.0)
+    rt = route(("b300", "api", "other"), slo=Slo(ttft_p95_ms=2000))
+    pol = policy([pool, declared, other], [rt])
+    assert _decide(pol, rt, {}).order == ("api", "b300", "other")
+    measured = {"other": _measured("other", 1.0, 60.0)}
+    assert _decide(pol, rt, measured).order == ("other", "api", "b300")
+    # Measured, the figure it declared no longer counts.
+    slow = {"api": _measured("api", 5.0, 60.0)}
+    assert _decide(pol, rt, slow).order == ("b300", "other", "api")

@@ -10,6 +10,7 @@ from dataclasses import replace
 
 import pytest
 
+from gateway.measure.recovery import NOT_EXCLUDED, RecoveryBar, recovery_bar
 from gateway.measure.stats import LiveStats
 from gateway.money.costs import attempt_cost
 from gateway.policy.decide import Decision, decide
@@ -20,13 +21,21 @@ from tests.unit.factories import FakeClock, attempt, policy, pool_backend, route
 from tests.unit.test_decide import REQUEST, _healthy_views, _three_tier
 
 
-def _probe(stats: LiveStats, clock: FakeClock, backend: str, ttft_s: float) -> None:
+def _probe(
+    stats: LiveStats,
+    clock: FakeClock,
+    backend: str,
+    ttft_s: float,
+    bar: RecoveryBar = NOT_EXCLUDED,
+    tokens_per_s: float = 92.0,
+) -> None:
     ticket = stats.attempt_started(backend, probe=True)
-    done = attempt(backend, clock.now, ttft_s=ttft_s, completion_tokens=1)
+    tokens = 1 if bar.decode_tokens_per_s is None else 16
+    done = attempt(backend, clock.now, ttft_s=ttft_s, completion_tokens=tokens, tokens_per_s=tokens_per_s)
     done.probe = True
     assert done.finished_at is not None
     clock.now = done.finished_at
-    stats.probe_finished(ticket, done, recovery_probes=2, ratio=0.5)
+    stats.probe_finished(ticket, done, recovery_probes=2, ratio=0.5, bar=bar)
 
 
 def test_fast_probes_after_a_slow_spell_make_the_stats_forget_it() -> None:
@@ -53,6 +62,82 @@ def test_a_slow_probe_forgets_nothing() -> None:
         _probe(stats, clock, "b300", ttft_s=5.5)
     clock.advance(1.0)
     assert stats.view("b300").samples == 23 and not stats.recovering("b300")
+
+
+def _slow_spell_among_fast_samples(stats: LiveStats, clock: FakeClock) -> None:
+    """The issue's pool: mostly fast samples from before, a few slow ones from the spell, enough to put
+    its p95 over a 2 s SLO while its median stays at 1 s."""
+    for _ in range(100):
+        serve(stats, clock, "b300", ttft_s=1.0, completion_tokens=2)
+        clock.advance(0.25)
+    for _ in range(10):
+        serve(stats, clock, "b300", ttft_s=5.0, completion_tokens=2)
+    clock.advance(1.0)
+    view = stats.view("b300")
+    assert view.ttft_p50_s == 1.0 and (view.ttft_p95_s or 0) > 2.0
+
+
+def test_probes_within_the_excluding_routes_slo_end_a_spell_the_median_never_saw() -> None:
+    clock = FakeClock()
+    stats = LiveStats(clock)
+    _slow_spell_among_fast_samples(stats, clock)
+    view = stats.view("b300")
+    slo_route = route(("b300", "api"), slo=Slo(ttft_p95_ms=2000))
+    bar = recovery_bar("b300", [slo_route], view.ttft_p95_s, view.decode_tokens_per_s)
+    assert bar == RecoveryBar(ttft_s=2.0)
+    _probe(stats, clock, "b300", ttft_s=1.1, bar=bar)  # not half the median, but within the SLO
+    assert stats.recovering("b300")
+    _probe(stats, clock, "b300", ttft_s=1.1, bar=bar)
+    clock.advance(1.0)
+    view = stats.view("b300")
+    assert view.ttft_p95_s == 1.1 and view.samples == 2 and not stats.recovering("b300")
+
+
+def test_a_probe_over_the_slo_ends_nothing_and_a_spells_late_answers_do_not_count_after_it() -> None:
+    clock = FakeClock()
+    stats = LiveStats(clock)
+    _slow_spell_among_fast_samples(stats, clock)
+    bar = RecoveryBar(ttft_s=2.0)
+    _probe(stats, clock, "b300", ttft_s=2.5, bar=bar)
+    assert not stats.recovering("b300") and stats.view("b300").samples == 111
+    straggler = stats.attempt_started("b300")  # sent during the spell, still running
+    started = clock.now
+    clock.advance(0.5)
+    _probe(stats, clock, "b300", ttft_s=1.0, bar=bar)
+    _probe(stats, clock, "b300", ttft_s=1.0, bar=bar)
+    late = attempt("b300", started, ttft_s=6.0)
+    clock.now = max(clock.now, late.finished_at or 0.0)
+    stats.attempt_finished(straggler, late, "kimi-k3")
+    clock.advance(1.0)
+    view = stats.view("b300")
+    assert view.ttft_p95_s == 1.0 and view.samples == 2, "the straggler belongs to the spell"
+
+
+def test_a_route_excluding_a_pool_for_its_decode_speed_takes_it_back_when_probes_decode_fast() -> None:
+    clock = FakeClock()
+    stats = LiveStats(clock)
+    for _ in range(30):
+        serve(stats, clock, "b300", tokens_per_s=8.0)  # a slow spell of decoding
+    slo_route = route(("b300", "api"), slo=Slo(min_decode_tokens_per_s=20))
+    view = stats.view("b300")
+    bar = recovery_bar("b300", [slo_route], view.ttft_p95_s, view.decode_tokens_per_s)
+    assert bar == RecoveryBar(decode_tokens_per_s=20.0)
+    _probe(stats, clock, "b300", ttft_s=1.0, bar=bar, tokens_per_s=12.0)
+    assert not stats.recovering("b300"), "fast to its first token, still too slow to decode"
+    _probe(stats, clock, "b300", ttft_s=1.0, bar=bar, tokens_per_s=90.0)
+    _probe(stats, clock, "b300", ttft_s=1.0, bar=bar, tokens_per_s=90.0)
+    clock.advance(1.0)
+    assert stats.view("b300").decode_tokens_per_s == pytest.approx(90.0)
+
+
+def test_the_bar_is_the_loosest_slo_among_the_routes_a_backend_misses() -> None:
+    tight = route(("b300",), name="tight", slo=Slo(ttft_p95_ms=1500))
+    loose = route(("b300",), name="loose", slo=Slo(ttft_p95_ms=3000))
+    met = route(("b300",), name="met", slo=Slo(ttft_p95_ms=9000))
+    other = route(("api",), name="other", slo=Slo(ttft_p95_ms=4000))
+    assert recovery_bar("b300", [tight, loose, met, other], 5.0, None) == RecoveryBar(ttft_s=3.0)
+    assert not recovery_bar("b300", [tight, loose], 1.0, None).excluded
+    assert not recovery_bar("b300", [tight, loose], None, None).excluded, "unmeasured: nothing to end"
 
 
 def test_a_429_pauses_the_backend_and_never_opens_its_circuit() -> None:
@@ -155,3 +240,18 @@ async def test_waiters_by_deadline_take_a_freed_candidate_nearest_deadline_first
     room.notify()
     await asyncio.wait_for(late, 2.0)
     assert served == ["early", "late"] and room.waiting() == {"kimi-k3": 0}
+
+
+def test_users_answers_from_other_traffic_end_a_spell_like_probes() -> None:
+    clock = FakeClock()
+    stats = LiveStats(clock)
+    _slow_spell_among_fast_samples(stats, clock)
+    stats.set_recovery_bar("b300", RecoveryBar(ttft_s=2.0), recovery_probes=2)
+    serve(stats, clock, "b300", route_name="batch", ttft_s=4.0, completion_tokens=2)  # still slow
+    assert not stats.recovering("b300")
+    serve(stats, clock, "b300", route_name="batch", ttft_s=1.0, completion_tokens=2)
+    assert stats.recovering("b300")
+    serve(stats, clock, "b300", route_name="batch", ttft_s=1.0, completion_tokens=2)
+    clock.advance(1.0)
+    view = stats.view("b300")
+    assert view.ttft_p95_s == 1.0 and view.samples == 2 and view.probes == 0

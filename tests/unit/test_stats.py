@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import pytest
 
+from gateway.measure.decayed import DecayedMean, DecayedSamples
 from gateway.measure.signals import LoadSignals
-from gateway.measure.stats import DecayedMean, DecayedSamples, LiveStats
+from gateway.measure.stats import LiveStats
 from tests.unit.factories import FakeClock, attempt, serve
 
 

@@ -1,0 +1,113 @@
+"""The gateway's synthetic probes in virtual time: the same plan (``measure/probe_plan.py``) decides which
+backend is due, each probe is a one-token job on the backend model, and its answer goes through
+``LiveStats.probe_finished`` as the real one does, so a simulation notices a recovery when the gateway
+would. Their cost is left out of the run's spend, as the ledger keeps probes apart from requests.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from gateway.measure.probe_plan import PROBE_PROMPT_TOKENS, DueProbe, ProbePlan
+from gateway.measure.stats import AttemptTicket, LiveStats
+from gateway.policy.compiled import CompiledPolicy
+from gateway.request.observation import Attempt, AttemptStatus, Usage
+from gateway.simulate.backends import BackendModel, Job
+from gateway.simulate.timeline import Timeline
+
+# Virtual seconds between looks at what is due: the real prober looks every 50 ms of real time.
+TICK_S = 0.25
+
+
+@dataclass(slots=True)
+class ProbeFlight:
+    """What hangs on a probe's job: why it was sent and its attempt."""
+
+    due: DueProbe
+    ticket: AttemptTicket
+    attempt: Attempt
+    job: Job | None = None
+
+
+class SimProber:
+    def __init__(
+        self,
+        policy: CompiledPolicy,
+        stats: LiveStats,
+        timeline: Timeline,
+        models: dict[str, BackendModel],
+        running: Callable[[], bool],
+    ) -> None:
+        self._policy = policy
+        self._stats = stats
+        self._timeline = timeline
+        self._models = models
+        self._running = running  # False once the run's arrivals are over: stop looking
+        self._plan = ProbePlan()
+        self._plan.set_backends(policy.backends, policy.tuning.probes.on_start)
+        self._inflight: dict[str, ProbeFlight] = {}
+        self.sent = 0
+
+    def start(self) -> None:
+        # Even with probes off: the bars it keeps let users' answers end a slow spell, as in the gateway.
+        self._timeline.schedule(0.0, self._tick)
+
+    def _tick(self) -> None:
+        now = self._timeline.now
+        needed = self._policy.tuning.probes.recovery_probes
+        for name, bar in self._plan.bars(self._policy, self._stats.view).items():
+            self._stats.set_recovery_bar(name, bar, needed)
+        for due in self._plan.due(self._policy, self._stats.view, now, self._inflight):
+            self._send(due, now)
+        if self._running():
+            self._timeline.schedule(now + TICK_S, self._tick)
+
+    def _send(self, due: DueProbe, now: float) -> None:
+        name = due.backend.name
+        ticket = self._stats.attempt_started(name, probe=True)
+        flight = ProbeFlight(due, ticket, Attempt(backend=name, started_at=now, probe=True))
+        job = flight.job = Job(PROBE_PROMPT_TOKENS, due.max_tokens, flight)
+        self._inflight[name] = flight
+        self.sent += 1
+        self._models[name].submit(job)
+        self._timeline.schedule(now + due.backend.timeouts.first_byte_s, self._timeout, flight, job)
+
+    def _timeout(self, flight: ProbeFlight, job: Job) -> None:
+        if flight.job is job and job.state in ("waiting", "prefill"):
+            self._models[flight.attempt.backend].cancel(job)
+            self._end(flight, "timeout")
+
+    # What the engine hands over from the backend models' reports on probe jobs.
+
+    def finished(self, job: Job) -> None:
+        flight: ProbeFlight = job.owner
+        if flight.job is not job:
+            return
+        now = self._timeline.now
+        attempt = flight.attempt
+        first = job.first_token_at if job.first_token_at is not None else now
+        attempt.ttft_s = first - attempt.started_at
+        attempt.decode_s = now - first
+        attempt.token_chunks = job.output_tokens
+        attempt.usage = Usage(PROBE_PROMPT_TOKENS, job.output_tokens, 0)
+        self._end(flight, "ok")
+
+    def failed(self, job: Job, http_status: int | None) -> None:
+        flight: ProbeFlight = job.owner
+        if flight.job is job:
+            flight.attempt.http_status = http_status
+            self._end(flight, "upstream_error")
+
+    def _end(self, flight: ProbeFlight, status: AttemptStatus) -> None:
+        flight.job = None
+        attempt = flight.attempt
+        attempt.status = status
+        attempt.finished_at = self._timeline.now
+        settings = self._policy.tuning.probes
+        name = attempt.backend
+        self._stats.probe_finished(
+            flight.ticket, attempt, settings.recovery_probes, settings.recovery_ratio, flight.due.bar
+        )
+        del self._inflight[name]
+        self._plan.finished(name, self._stats.recovering(name))
