@@ -18,6 +18,7 @@ from gateway.policy.schema import (
     Objective,
     RateLimit,
     ResumeStyle,
+    Scaling,
     Server,
     Signals,
     Slo,
@@ -74,6 +75,7 @@ class CompiledBackend:
     prior_prefill_tokens_per_s: float = 10_000.0
     family: str = ""  # the model it serves (its ``model`` unless the policy says otherwise)
     resume: ResumeStyle = "none"  # how it continues an answer another backend started
+    scaling: Scaling | None = None  # a GPU-hour pool's replicas and boot time; None: not scaled
 
 
 @dataclass(frozen=True, slots=True)

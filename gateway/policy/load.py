@@ -220,7 +220,14 @@ def _compile_backend(
         prior_prefill_tokens_per_s=tuning.prior_prefill_tokens_per_s,
         family=backend.family or backend.model,
         resume=backend.resume or DEFAULT_RESUME.get(backend.dialect, "none"),
+        scaling=_scaling(backend, pool_price),
     )
+
+
+def _scaling(backend: schema.Backend, pool_price: PoolPrice | None) -> schema.Scaling | None:
+    if backend.scaling is not None and pool_price is None:
+        raise _BackendProblem(("scaling",), "only a gpu_hours pool has replicas to scale")
+    return backend.scaling
 
 
 def _prices(pricing: schema.Pricing) -> tuple[TokenPrices | None, PoolPrice | None, str]:
