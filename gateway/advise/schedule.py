@@ -5,8 +5,12 @@ the run's days as the windows a simulation turns on and off."""
 from __future__ import annotations
 
 import math
+import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import Literal
+
+DayKind = Literal["every day", "Mon-Fri", "Sat-Sun"]
 
 HOURS_PER_DAY = 24
 DAY_S = 86_400.0
@@ -23,15 +27,19 @@ class Window:
     ready_h: int
     stop_h: int
     boot_s: float
+    days: DayKind = "every day"
 
     def boot_clock(self) -> str:
         return clock_of(self.ready_h * 3600.0 - self.boot_s)
 
     def describe(self) -> str:
         if self.ready_h == 0 and self.stop_h == HOURS_PER_DAY:
-            return f"replica {self.replica}: always on"
+            return f"replica {self.replica}, {self.days}: always on"
         ready, stop = clock_of(self.ready_h * 3600.0), clock_of(self.stop_h * 3600.0)
-        return f"replica {self.replica}: boot at {self.boot_clock()} to be ready at {ready}, stop at {stop}"
+        return (
+            f"replica {self.replica}, {self.days}: boot at {self.boot_clock()} to be ready at {ready},"
+            f" stop at {stop}"
+        )
 
 
 def clock_of(seconds_of_day: float) -> str:
@@ -39,16 +47,35 @@ def clock_of(seconds_of_day: float) -> str:
     return f"{minutes // 60:02d}:{minutes % 60:02d}"
 
 
-def hour_of_day_needs(per_run_hour: Sequence[int], start_wall: float) -> list[int]:
-    """For each hour of the day, the most replicas any day of the run needed then."""
+def is_kind(wall: float, kind: DayKind) -> bool:
+    weekend = time.gmtime(wall).tm_wday >= 5
+    return kind == "every day" or (kind == "Sat-Sun") == weekend
+
+
+def day_kinds(start_wall: float, duration_s: float) -> list[DayKind]:
+    """Weekdays and weekends apart when the run saw a whole day of each; else one kind of day."""
+    first_midnight = start_wall - start_wall % DAY_S + (DAY_S if start_wall % DAY_S else 0.0)
+    whole = [
+        first_midnight + d * DAY_S for d in range(int((start_wall + duration_s - first_midnight) // DAY_S))
+    ]
+    seen = {is_kind(m, "Sat-Sun") for m in whole}
+    return ["Mon-Fri", "Sat-Sun"] if seen == {True, False} else ["every day"]
+
+
+def hour_of_day_needs(
+    per_run_hour: Sequence[int], start_wall: float, kind: DayKind = "every day"
+) -> list[int]:
+    """For each hour of the day, the most replicas any day of the run (of that kind) needed then."""
     needs = [0] * HOURS_PER_DAY
     for h, replicas in enumerate(per_run_hour):
-        hod = int(((start_wall + h * 3600.0) % DAY_S) // 3600.0)
-        needs[hod] = max(needs[hod], replicas)
+        wall = start_wall + h * 3600.0
+        if is_kind(wall, kind):
+            hod = int((wall % DAY_S) // 3600.0)
+            needs[hod] = max(needs[hod], replicas)
     return needs
 
 
-def daily_windows(needs: Sequence[int], boot_s: float) -> list[Window]:
+def daily_windows(needs: Sequence[int], boot_s: float, days: DayKind = "every day") -> list[Window]:
     """Each replica's up spells over the day, gaps under ``MERGE_GAP_H`` hours bridged."""
     windows = []
     for replica in range(1, max(needs, default=0) + 1):
@@ -60,7 +87,7 @@ def daily_windows(needs: Sequence[int], boot_s: float) -> list[Window]:
                 spells[-1][1] = hour + 1
             else:
                 spells.append([hour, hour + 1])
-        windows += [Window(replica, a, b, boot_s) for a, b in spells]
+        windows += [Window(replica, a, b, boot_s, days) for a, b in spells]
     return windows
 
 
@@ -89,6 +116,8 @@ def spells_in_run(
     for day in range(days):
         midnight = first_midnight + day * DAY_S
         for w in windows:
+            if not is_kind(start_wall + midnight, w.days):
+                continue
             ready = midnight + w.ready_h * 3600.0
             stop = min(duration_s, midnight + w.stop_h * 3600.0)
             if stop <= 0 or ready >= duration_s:

@@ -14,6 +14,7 @@ from gateway.advise.plans import Plan, PlanResult, fixed_plan, run_plan
 from gateway.advise.schedule import (
     Window,
     daily_windows,
+    day_kinds,
     has_daily_shape,
     hour_of_day_needs,
     spells_in_run,
@@ -89,9 +90,17 @@ def advise(
             fixed_plan("model-fixed+1", {**best, pools[0].name: best[pools[0].name] + 1}, duration)
         )
     needs = {p.name: hour_of_day_needs(per_hour[p.name], workload.start_wall) for p in pools}
+    kinds = day_kinds(workload.start_wall, duration)
+    by_kind = {
+        kind: {p.name: hour_of_day_needs(per_hour[p.name], workload.start_wall, kind) for p in pools}
+        for kind in kinds
+    }
     windows: dict[str, list[Window]] = {}
     if duration >= MIN_SCHEDULE_S and any(has_daily_shape(n) for n in needs.values()):
-        windows = {p.name: daily_windows(needs[p.name], p.boot_s) for p in pools}
+        windows = {
+            p.name: [w for kind in kinds for w in daily_windows(by_kind[kind][p.name], p.boot_s, kind)]
+            for p in pools
+        }
         spells = {
             p.name: [
                 s for _, s in sorted(spells_in_run(windows[p.name], workload.start_wall, duration).items())
@@ -123,7 +132,7 @@ def advise(
         results=results,
         recommended=recommended,
         windows=windows,
-        hourly=needs,
+        hourly=by_kind[kinds[0]],
         sensitivity=sensitivity(policy, pools, hours, workload.start_wall, needs),
     )
 
