@@ -71,6 +71,10 @@ def test_the_desired_replicas_rise_with_a_load_ramp_and_fall_after(serving: str)
             seen.append(desired(url))
     assert seen[-1] >= 2, f"the ramp should ask for more than one replica: {seen}"
     assert seen == sorted(seen), f"it rises with the ramp: {seen}"
+    capacity = {row["pool"]: row for row in httpx.get(url + "/dashboard/data", timeout=10).json()["capacity"]}
+    assert capacity["b300-vllm"]["desired_replicas"] >= 2, "the dashboard shows the recommendation too"
+    assert capacity["b300-vllm"]["boot_s"] == 2
+    assert capacity["a100-llamacpp"]["desired_replicas"] is None, "a pool without scaling is not sized"
     # No traffic: the rate window empties (3 s), then the lower value holds 2 s before it shows.
     deadline = time.monotonic() + 60
     after = desired(url)
