@@ -14,7 +14,7 @@ def render_table(advice: Advice) -> Any:
     from rich.table import Table
 
     title = (
-        f"{advice.workload}: {advice.requests:,} requests over {advice.days_seen:.2f} days;"
+        f"{advice.workload}: {advice.requests:,} requests over {seen(advice.days_seen)};"
         f" SLO target {100 * advice.slo_target:.1f}% of requests"
     )
     table = Table(title=title, title_justify="left", header_style="bold")
@@ -61,7 +61,7 @@ def summary_lines(advice: Advice) -> list[str]:
                 f"  saves ${saving:,.2f}/day ({_percent(saving, always.usd_per_day)}) over always-on"
             )
     lines.append(
-        f"limits: the plan is as good as the traffic it replays: {advice.days_seen:.2f} days,"
+        f"limits: the plan is as good as the traffic it replays: {seen(advice.days_seen)},"
         f" {advice.requests:,} requests seen"
         + ("" if advice.days_seen >= 7 else "; less than a week, so weekdays and weekends are not both known")
     )
@@ -73,6 +73,10 @@ def summary_lines(advice: Advice) -> list[str]:
             f" {s.replica_hours_per_day_at_scale} replica-hours a day (now {s.replica_hours_per_day})"
         )
     return lines
+
+
+def seen(days: float) -> str:
+    return f"{days:.2f} days" if days >= 1 else f"{24 * days:.2f} hours"
 
 
 def _percent(part: float, whole: float) -> str:
