@@ -48,11 +48,12 @@ def summary_lines(advice: Advice) -> list[str]:
         if r is not None and r is not rec:
             lines.append(f"  {other}: ${r.usd_per_day:,.2f}/day at {100 * r.slo_attainment:.2f}% SLO")
     if advice.windows:
-        lines.append("schedule (UTC, every day):")
+        lines.append("schedule (UTC):")
         for pool, windows in advice.windows.items():
-            if not windows:
-                lines.append(f"  {pool}: off all day (the API is cheaper at every hour)")
             lines += [f"  {pool} {w.describe()}" for w in windows]
+            for kind in advice.day_kinds:
+                if not any(w.days == kind for w in windows):
+                    lines.append(f"  {pool}, {kind}: off all day (the API is cheaper at every hour)")
         always = advice.result("always-on")
         sched = advice.result("schedule")
         if always is not None and sched is not None:

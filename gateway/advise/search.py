@@ -12,6 +12,7 @@ from typing import NamedTuple
 
 from gateway.advise.plans import Plan, PlanResult, fixed_plan, run_plan
 from gateway.advise.schedule import (
+    DayKind,
     Window,
     daily_windows,
     day_kinds,
@@ -57,6 +58,7 @@ class Advice:
     windows: dict[str, list[Window]] = field(default_factory=dict)  # the schedule, per pool
     hourly: dict[str, list[int]] = field(default_factory=dict)  # the model's replicas per hour of day
     sensitivity: dict[str, Sensitivity] = field(default_factory=dict)
+    day_kinds: list[DayKind] = field(default_factory=list)  # the schedule's kinds of day
 
     @property
     def today(self) -> PlanResult:
@@ -133,6 +135,7 @@ def advise(
         recommended=recommended,
         windows=windows,
         hourly=by_kind[kinds[0]],
+        day_kinds=kinds,
         sensitivity=sensitivity(policy, pools, hours, workload.start_wall, needs),
     )
 
