@@ -26,9 +26,9 @@ from gateway.advise.traffic import (
     hourly_replicas,
     hourly_traffic,
     pool_models,
-    spill_price,
 )
 from gateway.measure.capacity import streams_in_flight
+from gateway.measure.demand import spill_usd_per_token
 from gateway.money.costs import SECONDS_PER_HOUR
 from gateway.policy.compiled import CompiledPolicy
 from gateway.simulate.workload import Workload
@@ -143,7 +143,7 @@ def advise(
 def cheapest_fixed(policy: CompiledPolicy, pool: PoolModel, hours: list[HourTraffic]) -> int:
     """The always-on replicas the model finds cheapest over the run: hours paid against the API's
     price for the streams they would not hold."""
-    api = spill_price(policy, pool.routes)
+    api = spill_usd_per_token(policy, pool.routes)
     shape = pool.shape
     streams = [streams_in_flight(h.demand(pool.routes), shape) for h in hours]
 

@@ -15,6 +15,7 @@ from gateway.measure.capacity import (
     slo_streams,
     streams_in_flight,
 )
+from gateway.measure.demand import spill_usd_per_token
 from gateway.policy.compiled import CompiledPolicy
 from gateway.simulate.workload import Workload, backend_profile
 
@@ -97,16 +98,6 @@ def pool_models(policy: CompiledPolicy, workload: Workload, max_replicas: int | 
     return sorted(pools, key=lambda p: p.shape.usd_per_hour / (p.shape.streams * p.shape.stream_tokens_per_s))
 
 
-def spill_price(policy: CompiledPolicy, routes: list[str]) -> float | None:
-    prices = [
-        b.token_prices.output
-        for r in routes
-        for n in policy.routes[r].backends
-        if (b := policy.backends[n]).token_prices is not None
-    ]
-    return min(prices, default=None)
-
-
 def hourly_replicas(
     policy: CompiledPolicy, pools: list[PoolModel], hours: list[HourTraffic], scale: float = 1.0
 ) -> dict[str, list[int]]:
@@ -118,7 +109,7 @@ def hourly_replicas(
         for pool in pools:
             demand = hour.demand(pool.routes, scale)
             left = Demand(demand.arrivals_per_s * _left_share(pool, hour, taken), demand.output_tokens)
-            replicas = replicas_worth_running(left, pool.shape, spill_price(policy, pool.routes))
+            replicas = replicas_worth_running(left, pool.shape, spill_usd_per_token(policy, pool.routes))
             out[pool.name].append(replicas)
             held = min(1.0, replicas * pool.shape.streams / max(1e-9, streams_in_flight(left, pool.shape)))
             for route in pool.routes:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import math
 from collections import deque
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 
 from gateway.measure.capacity import Demand, ReplicaShape, replicas_worth_running
@@ -89,7 +89,7 @@ class DemandSignal:
                 continue
             demand = self._demand(policy, name, scaling, now)
             shape = replica_shape(backend, scaling, decode_speed(name))
-            api = spill_usd_per_token(policy, name)
+            api = spill_usd_per_token(policy, [r.name for r in policy.routes.values() if name in r.backends])
             up = replicas_worth_running(demand, shape, api)
             padded = Demand(demand.arrivals_per_s * DOWN_MARGIN, demand.output_tokens)
             out[name] = self._hysteresis(name, up, replicas_worth_running(padded, shape, api), scaling, now)
@@ -136,13 +136,12 @@ def replica_shape(backend: CompiledBackend, scaling: Scaling, measured_speed: fl
     )
 
 
-def spill_usd_per_token(policy: CompiledPolicy, pool: str) -> float | None:
-    """The cheapest per-token output price among the backends that share a route with ``pool``."""
+def spill_usd_per_token(policy: CompiledPolicy, routes: Iterable[str]) -> float | None:
+    """Where a pool's traffic spills: the cheapest per-token output price on ``routes``."""
     prices = [
         backend.token_prices.output
-        for route in policy.routes.values()
-        if pool in route.backends
-        for name in route.backends
+        for route in routes
+        for name in policy.routes[route].backends
         if (backend := policy.backends[name]).token_prices is not None
     ]
     return min(prices, default=None)
