@@ -1,4 +1,4 @@
-"""The ``gateway`` command: serve, check, emulate, demo, keys, spend, ledger, simulate; ``--help`` on
+"""The ``gateway`` command: serve, check, emulate, demo, keys, spend, ledger, simulate, advise; ``--help`` on
 each shows its defaults and examples.
 
 Each subcommand is a small function; imports of heavy parts happen inside them so that
@@ -292,6 +292,30 @@ def build_parser() -> argparse.ArgumentParser:
     simulate.add_argument("--no-plots", action="store_true", help="skip the PNG plots")
     simulate.add_argument("--quiet", action="store_true", help="no progress bar")
     simulate.set_defaults(func=cmd_simulate)
+
+    advise = command(
+        "advise",
+        "what capacity to run: replay traffic for candidate replicas of each pool and recommend the cheapest "
+        "plan within the SLO",
+        "gateway advise --policy policies/default.yaml --workload bench/workloads/kimi-week.yaml",
+        "gateway advise --ledger var/ledger.sqlite3 --since 7d",
+    )
+    traffic = advise.add_mutually_exclusive_group(required=True)
+    traffic.add_argument("--ledger", help="the ledger to replay: a SQLite path or a postgresql:// URL")
+    traffic.add_argument("--workload", help="a synthetic workload YAML/JSON file instead of the ledger")
+    advise.add_argument("--since", default="7d", help="how much of the ledger to replay (e.g. 24h, 7d)")
+    advise.add_argument("--policy", default=str(DEFAULT_POLICY), help="the policy whose pools are sized")
+    advise.add_argument(
+        "--slo", type=float, default=0.99, help="the share of requests that must meet their route's SLO"
+    )
+    advise.add_argument(
+        "--max-replicas", type=int, help="most replicas per pool to consider (default: policy)"
+    )
+    advise.add_argument("--out", default="var/advise", help="directory for advice.json and the plots")
+    advise.add_argument("--seed", type=int, default=0, help="seed of the decisions and backend timings")
+    advise.add_argument("--no-plots", action="store_true", help="skip the PNG plots")
+    advise.add_argument("--quiet", action="store_true", help="no progress lines")
+    advise.set_defaults(func=cmd_advise)
     return parser
 
 
@@ -376,6 +400,12 @@ def cmd_demo(args: argparse.Namespace) -> int:
         real=args.real,
         quiet=args.quiet,
     )
+
+
+def cmd_advise(args: argparse.Namespace) -> int:
+    from gateway.advise.command import advise_main
+
+    return advise_main(args)
 
 
 def cmd_simulate(args: argparse.Namespace) -> int:

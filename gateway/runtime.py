@@ -26,12 +26,14 @@ from gateway.errors import GatewayError, UpstreamClientError, UpstreamError
 from gateway.ledger import row_of
 from gateway.ledger.settings import open_ledger, replica_name, resolve_ledger
 from gateway.ledger.view import LedgerView
+from gateway.measure.demand import DemandSignal
 from gateway.measure.fleet import Fleet
 from gateway.measure.health import CircuitBreaker
 from gateway.measure.probes import Prober
 from gateway.measure.signals import SignalScraper
 from gateway.measure.stats import AttemptTicket, BackendView, LiveStats
 from gateway.metrics import GatewayMetrics
+from gateway.metrics.capacity import CapacityCollector
 from gateway.metrics.live import MetricSources
 from gateway.metrics.routing import RoutingCollector
 from gateway.money.budgets import Budgets
@@ -134,6 +136,9 @@ class Runtime:
             )
         )
         self.metrics.registry.register(RoutingCollector(self))
+        # Arrivals per route feed the desired-replicas signal an autoscaler reads (gateway advise's model).
+        self.demand = DemandSignal(clock)
+        self.metrics.registry.register(CapacityCollector(self.demand, lambda: self.policy, self.stats))
         # Called with each settled request, after the ledger and metrics (the demo prints a line).
         self.request_listeners: list[Callable[[Observation], None]] = []
         self.drain = Drain()  # a graceful stop in progress (``gateway serve`` on SIGTERM)
@@ -309,6 +314,7 @@ class Runtime:
         if verdict.status == "limited":
             raise self.rate_limits.refused(verdict, charges, observation.api_key_name or "")
         exchange.tokens = self.rate_limits.held(charges, verdict)
+        self.demand.arrived(observation.route)
         return order
 
     def rate_limited(self, backend: str, retry_after: str | None) -> None:
@@ -365,6 +371,9 @@ class Runtime:
             self.spend.add(started_wall, observation.route, row.cost_usd)
         self.recent.append(observation)
         self.metrics.request_finished(observation)
+        final = observation.final
+        if final is not None and final.usage is not None:
+            self.demand.finished(observation.route, final.usage.completion_tokens)
         for listener in self.request_listeners:
             listener(observation)
 

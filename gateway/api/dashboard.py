@@ -18,6 +18,7 @@ from gateway.api.admin import admin_only, runtime_of
 from gateway.api.responses import json_response
 from gateway.errors import error_bytes
 from gateway.ledger.view import LedgerSnapshot
+from gateway.measure.demand import idle_usd_per_hour, pools_of
 from gateway.money.costs import SECONDS_PER_HOUR, effective_usd_per_mtok
 from gateway.policy.compiled import CompiledPolicy
 from gateway.request.observation import Observation
@@ -70,6 +71,7 @@ def dashboard_data(runtime: Runtime, view: LedgerSnapshot) -> dict[str, Any]:
         "pools": pool_rows(policy, view),
         # As the ledger has them at the view's last read (a few seconds behind, like the pools).
         "refused": [{"reason": reason, "requests": count} for reason, count in view.refusals],
+        "capacity": capacity_rows(runtime),
         "backends": _backends(runtime),
         "budgets": [
             {
@@ -154,6 +156,24 @@ def pool_rows(policy: CompiledPolicy, view: LedgerSnapshot) -> list[dict[str, An
             }
         )
     return rows
+
+
+def capacity_rows(runtime: Runtime) -> list[dict[str, Any]]:
+    """Each GPU-hour pool now: the idle part of its hour and the replicas the autoscaler signal asks for."""
+    policy = runtime.policy
+    pools = pools_of(policy)
+    views = runtime.stats.snapshot(tuple(pools))
+    desired = runtime.demand.desired_replicas(policy, lambda name: views[name].decode_tokens_per_s)
+    return [
+        {
+            "pool": name,
+            "idle_usd_per_hour": idle_usd_per_hour(backend, views[name].aggregate_tokens_per_s),
+            "replicas_today": None if backend.scaling is None else backend.scaling.replicas,
+            "desired_replicas": desired.get(name),
+            "boot_s": None if backend.scaling is None else backend.scaling.boot_s,
+        }
+        for name, backend in pools.items()
+    ]
 
 
 def _backends(runtime: Runtime) -> list[dict[str, Any]]:

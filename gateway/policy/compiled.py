@@ -20,6 +20,7 @@ from gateway.policy.schema import (
     Objective,
     RateLimit,
     ResumeStyle,
+    Scaling,
     Server,
     Signals,
     Slo,
@@ -87,6 +88,7 @@ class CompiledBackend:
     trust_env: bool = True
     max_connections: int = 1024
     expected_ttft_s: float | None = None  # the declared TTFT p95 until one is measured
+    scaling: Scaling | None = None  # a GPU-hour pool's replicas and boot time; None: not scaled
 
 
 @dataclass(frozen=True, slots=True)

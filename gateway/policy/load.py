@@ -246,7 +246,14 @@ def _compile_backend(
         trust_env=backend.trust_env,
         max_connections=backend.max_connections,
         expected_ttft_s=None if backend.expected_ttft_ms is None else backend.expected_ttft_ms / 1000.0,
+        scaling=_scaling(backend, pool_price),
     )
+
+
+def _scaling(backend: schema.Backend, pool_price: PoolPrice | None) -> schema.Scaling | None:
+    if backend.scaling is not None and pool_price is None:
+        raise _BackendProblem(("scaling",), "only a gpu_hours pool has replicas to scale")
+    return backend.scaling
 
 
 def _prices(pricing: schema.Pricing) -> tuple[TokenPrices | None, PoolPrice | None, str]:

@@ -116,6 +116,23 @@ class Tls(Strict):
         return self
 
 
+class Scaling(Strict):
+    """A GPU-hour pool's replicas, for ``gateway advise`` and the live ``gateway_pool_desired_replicas``
+    signal an autoscaler acts on: how long one takes to boot, how many there may be, what one holds."""
+
+    # From starting a replica to its first answer (weights loaded, graphs captured): the signal's lead.
+    boot_s: NonNegativeFloat = 0.0
+    replicas: Annotated[int, Field(ge=0, le=1000)] = 1  # running today (advise's first plan)
+    max_replicas: Annotated[int, Field(ge=0, le=1000)] = 4
+    # Streams one replica holds within the SLO and each stream's decode speed there; default:
+    # max_concurrency, and the live measured decode speed (else assumed_tokens_per_s).
+    streams_per_replica: Annotated[int, Field(ge=1)] | None = None
+    stream_tokens_per_s: PositiveFloat | None = None
+    # The arrival rate is measured over this window; a lower desire holds this long before it shows.
+    window_s: PositiveFloat = 300.0
+    scale_down_after_s: NonNegativeFloat = 900.0
+
+
 class Backend(Strict):
     dialect: Dialect
     url: Annotated[str, Field(pattern=r"^https?://")]
@@ -151,6 +168,7 @@ class Backend(Strict):
     # declared outside a route's TTFT SLO gets none of that route's requests while another is within
     # it, from the first request of a fresh gateway on. Unset: unknown until measured.
     expected_ttft_ms: PositiveFloat | None = None
+    scaling: Scaling | None = None  # a GPU-hour pool's replicas (autoscaling signal, advise)
 
 
 class Slo(Strict):

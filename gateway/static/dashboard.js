@@ -117,6 +117,18 @@ function renderRefused(data) {
   });
 }
 
+function renderCapacity(data) {
+  fillTable("capacity", data.capacity || [], (tr, pool) => {
+    tr.dataset.pool = pool.pool;
+    cell(tr, pool.pool);
+    if (pool.idle_usd_per_hour === null) cell(tr, "-", "num idle-now");
+    else usdCell(tr, pool.idle_usd_per_hour).classList.add("idle-now");
+    cell(tr, pool.replicas_today === null ? "-" : String(pool.replicas_today), "num");
+    cell(tr, pool.desired_replicas === null ? "not scaled" : String(pool.desired_replicas), "num desired");
+    cell(tr, pool.boot_s === null ? "-" : Math.round(pool.boot_s / 60) + " min", "num");
+  });
+}
+
 function renderReplicas(data) {
   document.getElementById("replicas-section").hidden = data.replicas.length === 0;
   fillTable("replicas", data.replicas, (tr, r) => {
@@ -275,6 +287,7 @@ function render(data) {
   renderRoutes(data);
   renderPools(data);
   renderRefused(data);
+  renderCapacity(data);
   renderReplicas(data);
   renderChart(data);
   renderBackends(data);

@@ -52,7 +52,7 @@ def test_unset_credentials_are_warned_about(monkeypatch: pytest.MonkeyPatch) -> 
     assert status == 0
     assert output.splitlines()[-2:] == [
         "warnings:",
-        f"  {DEFAULT}:83:5 backends.paid-api.api_key_env: environment variable PAID_API_KEY is not set; "
+        f"  {DEFAULT}:93:5 backends.paid-api.api_key_env: environment variable PAID_API_KEY is not set; "
         "requests go without a key",
     ]
 

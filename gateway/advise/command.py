@@ -1,0 +1,86 @@
+"""``gateway advise``: load the policy and the traffic (a ledger window or a synthetic workload), run
+the plan search, print the table, the schedule and the limits; write ``advice.json`` and the plots."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+import orjson
+
+from gateway.advise.schedule import DAY_S
+from gateway.advise.search import advise
+from gateway.advise.traffic import hourly_traffic
+from gateway.policy.load import PolicyError, load_policy
+from gateway.simulate.replay import ledger_workload
+from gateway.simulate.workload import Workload, WorkloadError, read_workload_file, synthesize
+
+
+def load_traffic(args: argparse.Namespace) -> Workload:
+    if args.workload:
+        return synthesize(read_workload_file(args.workload))
+    from gateway.money.spend import parse_since
+
+    try:
+        start = parse_since(args.since, time.time())
+    except ValueError as exc:
+        raise WorkloadError(str(exc)) from None
+    return ledger_workload(args.ledger, start)
+
+
+def advise_main(args: argparse.Namespace) -> int:
+    from rich.console import Console
+
+    console = Console() if sys.stdout.isatty() else Console(width=200)
+    started = time.process_time()
+    try:
+        policy = load_policy(args.policy)
+        workload = load_traffic(args)
+        if not 0 < args.slo <= 1:
+            raise ValueError(f"--slo {args.slo}: give the share of requests within the SLO, e.g. 0.99")
+    except (PolicyError, WorkloadError, ValueError) as exc:
+        print(f"gateway advise: {exc}", file=sys.stderr)
+        return 2
+    hours = workload.duration_s / 3600
+    print(
+        f"advising on {len(workload.requests):,} requests over {hours:.2f} h ({workload.name})",
+        file=sys.stderr,
+    )
+    progress = None if args.quiet else (lambda text: print(f"  simulating {text}", file=sys.stderr))
+    try:
+        advice = advise(
+            policy, workload, args.slo, seed=args.seed, max_replicas=args.max_replicas, progress=progress
+        )
+    except (WorkloadError, ValueError) as exc:
+        print(f"gateway advise: {exc}", file=sys.stderr)
+        return 2
+    from gateway.advise.report import render_table, summary_lines, to_json
+
+    console.print(render_table(advice))
+    for line in summary_lines(advice):
+        console.print(line, highlight=False)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    report = {**to_json(advice), "cpu_s": time.process_time() - started}
+    (out / "advice.json").write_bytes(
+        orjson.dumps(report, option=orjson.OPT_INDENT_2 | orjson.OPT_NON_STR_KEYS)
+    )
+    written = [out / "advice.json"]
+    if not args.no_plots:
+        from gateway.advise.report import write_plots
+
+        written += write_plots(advice, busiest_day(workload), out)
+    print(f"CPU seconds: {time.process_time() - started:.1f}", file=sys.stderr)
+    print("wrote " + ", ".join(str(p) for p in written), file=sys.stderr)
+    return 0
+
+
+def busiest_day(workload: Workload) -> list[float]:
+    """Requests per second by hour of the day, the busiest day's for each hour."""
+    rates = [0.0] * 24
+    for h, hour in enumerate(hourly_traffic(workload)):
+        hod = int(((workload.start_wall + h * 3600.0) % DAY_S) // 3600.0)
+        rates[hod] = max(rates[hod], sum(hour.requests.values()) / 3600.0)
+    return rates
