@@ -51,11 +51,11 @@ def test_the_target_keeps_the_contract(
     def start(**options: Any) -> contextlib.AbstractContextManager[Running]:
         if target != REAL_LLAMA:
             return emulator(target, **options)
-        if options.get("cold_boot"):
+        if options.get("cold_boot") or options.get("engine_args") is not None:
             from tests.real.conftest import skip_without_setup
 
             skip_without_setup()
-            return real_llama(tmp_path, shared=None, **options)
+            return real_llama(tmp_path, shared=None, **options)  # a server of its own
         if options.get("context_tokens") is not None:
             options = {**options, "context_tokens": None}  # the real server keeps its own context
         return real_llama(tmp_path, shared=request.getfixturevalue("shared_llama"), **options)
