@@ -232,8 +232,10 @@ def _streamed(frames: list[Any], field: str) -> str:
 
 def check_continued_as(start: Start, check: dict[str, Any]) -> None:
     """Each case continues a final assistant message shaped as ``prefix`` (with the ``request`` fields
-    the gateway sends this engine); the continued tokens arrive under ``field`` and under no other."""
-    with start() as running:
+    the gateway sends this engine); the continued tokens arrive under ``field`` and under no other.
+    ``engine_args``: the switches the server needs for it (llama-server: Jinja and a chat template)."""
+    engine_args = tuple(check["engine_args"]) if "engine_args" in check else None
+    with start(engine_args=engine_args) as running:
         for case in check["cases"]:
             if running.real and case.get("real") == "skip":
                 continue
@@ -244,6 +246,8 @@ def check_continued_as(start: Start, check: dict[str, Any]) -> None:
             frames = stream(running, body)
             fields = {name: _streamed(frames, name) for name in ("content", *REASONING_FIELDS)}
             assert fields[case["field"]].strip(), f"{case['prefix']}: {fields}"
+            prefill = str(case["prefix"].get("content") or "")
+            assert not prefill or not fields[case["field"]].startswith(prefill), "the prefill came back"
             others = {name: text for name, text in fields.items() if name != case["field"] and text}
             assert not others, f"{case['prefix']}: also under {others}"
 
