@@ -88,7 +88,7 @@ def _past_thinking(body: dict[str, Any], style: ContinuationStyle) -> bool:
     if style == "llamacpp":
         asked = body.get("continue_final_message")
         if asked in ("content", "reasoning_content"):
-            return asked == "content"
+            return bool(asked == "content")
         return bool(content) or not last.get("reasoning_content")
     return True
 
