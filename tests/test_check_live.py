@@ -73,3 +73,45 @@ routes:
     assert "unusable backends a route needs: dead-llamacpp" in out
     assert "vllm-without-metrics: routing is blind to running requests; queue depth" in out
     assert "vllm-without-metrics: UNUSABLE" not in out
+
+
+PROFILE_MODELS = {
+    "b300-vllm": ("vllm", "moonshotai/Kimi-K3"),
+    "h200-sglang": ("sglang", "moonshotai/Kimi-K3"),
+    "a100-llamacpp": ("llamacpp", "Kimi-K3-UD-IQ1_S"),
+    "paid-api": ("openai", "kimi-k3"),
+}
+
+
+def test_continuation_is_reported_as_each_engine_answers_the_gateways_own_request() -> None:
+    """The probe asks as a resume does (the thinking so far, streamed): vLLM and llama-server render the
+    thinking as closed and go on as content; SGLang's parser, without the think-end marker in the prefix,
+    goes on as reasoning_content, which the gateway relays as content; the paid API's partial mode."""
+    import asyncio
+    import contextlib
+
+    from gateway.emulator import create_emulator_app
+    from gateway.measure.live import probe_policy
+    from gateway.policy.load import compile_policy_text
+    from tests.servers import threaded_server
+
+    with contextlib.ExitStack() as stack:
+        text = "backends:\n"
+        for name, (dialect, model) in PROFILE_MODELS.items():
+            url = stack.enter_context(threaded_server(create_emulator_app(name, time_scale=0.001))).url
+            text += f"""  {name}:
+    dialect: {dialect}
+    url: {url}/v1
+    model: {model}
+    pricing: {{per_token: {{input_usd_per_mtok: 1, output_usd_per_mtok: 2}}}}
+"""
+        text += f"routes:\n  r:\n    backends: [{', '.join(PROFILE_MODELS)}]\n"
+        reports = asyncio.run(probe_policy(compile_policy_text(text, "policy.yaml")))
+    continuation = {report.name: report.continuation for report in reports}
+    resume = "; policy resume: continue_final_message"
+    assert continuation == {
+        "b300-vllm": "accepted, as content" + resume,
+        "h200-sglang": "accepted, as reasoning_content (relayed as content)" + resume,
+        "a100-llamacpp": "accepted, as content" + resume,
+        "paid-api": "accepted, as content; policy resume: none",
+    }

@@ -74,8 +74,9 @@ def _past_thinking(body: dict[str, Any], style: ContinuationStyle) -> bool:
     think marker closes the channel, as the chat template renders an assistant message that carries its
     ``reasoning`` (vLLM 0.33.0 parser/abstract_parser.py:869-881, renderers/chat_utils/chat_message.py:
     619-659). SGLang: only when the prefix holds the think-end marker (reasoning_parser.py:105-116; the
-    prefix is the message's content alone, serving_chat.py:515-548). llama-server: its continuation
-    resolves to content when the message has content (common/chat.cpp:1262-1269)."""
+    prefix is the message's content alone, serving_chat.py:515-548). llama-server: as asked
+    ("content" / "reasoning_content"); ``true`` resolves to content unless the message has reasoning_content
+    and no content (common/chat.cpp:622-636, 1262-1269)."""
     last = body["messages"][-1]
     content = last.get("content")
     closed = isinstance(content, str) and THINK_CLOSE in content
@@ -84,6 +85,11 @@ def _past_thinking(body: dict[str, Any], style: ContinuationStyle) -> bool:
         return closed or (isinstance(reasoning, str) and bool(reasoning))
     if style == "sglang":
         return closed
+    if style == "llamacpp":
+        asked = body.get("continue_final_message")
+        if asked in ("content", "reasoning_content"):
+            return bool(asked == "content")
+        return bool(content) or not last.get("reasoning_content")
     return True
 
 

@@ -1,12 +1,13 @@
 """One function per contract check ``kind``: start the target the way the check needs, ask, assert.
 
 Kinds: boot, health_ready, health_dead, health_switch, metric, cached_tokens, reasoning_field,
-context_error, models. No check asserts an upper bound on time; ``min_s`` is a lower bound (a server that
-by design cannot answer sooner).
+context_error, models, stream_error, continue_final_message, continued_as. No check asserts an upper
+bound on time; ``min_s`` is a lower bound (a server that by design cannot answer sooner).
 """
 
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import Callable
 from typing import Any
@@ -20,6 +21,10 @@ Check = Callable[[Start, dict[str, Any]], None]
 HELLO = [{"role": "user", "content": "Say hello in one word."}]
 # Long enough to span several prefix-cache blocks, so a repeat of it is served from the cache.
 REPEATED = [{"role": "user", "content": " ".join(f"fact{i}" for i in range(120)) + " Summarise."}]
+
+# An answer cut after a few words, to be continued.
+SEA = [{"role": "user", "content": "Write one sentence about the sea."}]
+REASONING_FIELDS = ("reasoning", "reasoning_content")
 
 
 def chat(running: Running, messages: list[dict[str, str]], **extra: Any) -> httpx.Response:
@@ -154,6 +159,99 @@ def check_models(start: Start, check: dict[str, Any]) -> None:
     assert set(check["fields"]) <= set(model), sorted(model)
 
 
+def stream(running: Running, body: dict[str, Any]) -> list[Any]:
+    """Every ``data:`` payload of a streamed chat answer, JSON-decoded except ``[DONE]``."""
+    frames: list[Any] = []
+    full = {"model": "m", "stream": True, **body}
+    with httpx.stream("POST", running.url + "/v1/chat/completions", json=full, timeout=120) as reply:
+        assert reply.status_code == 200, reply.read().decode()
+        for line in reply.iter_lines():
+            if line.startswith("data: "):
+                payload = line.removeprefix("data: ")
+                frames.append(payload if payload == "[DONE]" else json.loads(payload))
+    return frames
+
+
+def _fill(tokens: int) -> list[dict[str, str]]:
+    """A prompt of about ``tokens`` tokens (Gemma's tokenizer: about three a word here)."""
+    return [{"role": "user", "content": " ".join(f"fact{i}" for i in range(tokens // 3))}]
+
+
+def check_stream_error(start: Start, check: dict[str, Any]) -> None:
+    """An engine error after the stream began: one error event of the engine's shape, then exactly what
+    the engine sends after one (``then``: "usage" for a usage chunk, "[DONE]")."""
+    engine_args = tuple(check["engine_args"]) if "engine_args" in check else None
+    context = 256
+    with start(engine_args=engine_args, context_tokens=context) as running:
+        if running.real:
+            # llama-server: two completions sharing one prompt (n=2) run past the slot's context with
+            # context shift on, which it refuses mid-generation (server-context.cpp:2907-2910).
+            body = {"messages": _fill(context - 40), "n": 2, "ignore_eos": True, "max_tokens": 4 * context}
+        else:
+            faults = {"error_after_chunks": 3, "reasoning_tokens": 0, "content_tokens": 10}
+            running.emulator("/emulator/faults", faults)
+            body = {"messages": HELLO, "max_tokens": 20}
+        frames = stream(running, {**body, "stream_options": {"include_usage": True}})
+    errors = [i for i, frame in enumerate(frames) if isinstance(frame, dict) and "error" in frame]
+    assert len(errors) == 1, frames[-5:]
+    (at,) = errors
+    assert any(isinstance(f, dict) and f.get("choices") for f in frames[:at]), (
+        "the error came before the stream"
+    )
+    error = frames[at]["error"]
+    for key, expected in check["error"].items():
+        assert error.get(key) == expected, error
+    assert isinstance(error.get("message"), str) and error["message"], error
+    after = ["[DONE]" if f == "[DONE]" else "usage" if f.get("usage") else "chunk" for f in frames[at + 1 :]]
+    assert after == check["then"], f"after the error event: {after}"
+
+
+def check_continue_final_message(start: Start, check: dict[str, Any]) -> None:
+    """continue_final_message alone (add_generation_prompt left at its default) answers ``alone``;
+    with add_generation_prompt false it is a 200 that goes on."""
+    cut = [*SEA, {"role": "assistant", "content": "The sea is"}]
+    with start() as running:
+        alone = chat(running, cut, continue_final_message=True)
+        paired = chat(running, cut, continue_final_message=True, add_generation_prompt=False)
+    assert alone.status_code == check["alone"], alone.text
+    if alone.status_code == 400:
+        assert "add_generation_prompt" in alone.text and "continue_final_message" in alone.text, alone.text
+    assert paired.status_code == 200, paired.text
+    message = paired.json()["choices"][0]["message"]
+    assert any(message.get(field) for field in ("content", *REASONING_FIELDS)), message
+
+
+def _streamed(frames: list[Any], field: str) -> str:
+    return "".join(
+        str(choice["delta"].get(field) or "")
+        for frame in frames
+        if isinstance(frame, dict)
+        for choice in frame.get("choices") or []
+    )
+
+
+def check_continued_as(start: Start, check: dict[str, Any]) -> None:
+    """Each case continues a final assistant message shaped as ``prefix`` (with the ``request`` fields
+    the gateway sends this engine); the continued tokens arrive under ``field`` and under no other.
+    ``engine_args``: the switches the server needs for it (llama-server: Jinja and a chat template)."""
+    engine_args = tuple(check["engine_args"]) if "engine_args" in check else None
+    with start(engine_args=engine_args) as running:
+        for case in check["cases"]:
+            if running.real and case.get("real") == "skip":
+                continue
+            messages = [*SEA, {"role": "assistant", **case["prefix"]}]
+            body = {"messages": messages, "max_tokens": 8, "temperature": 0, **check["request"]}
+            if running.real:
+                body["ignore_eos"] = True  # a tiny model may end its turn at once: nothing to look at
+            frames = stream(running, body)
+            fields = {name: _streamed(frames, name) for name in ("content", *REASONING_FIELDS)}
+            assert fields[case["field"]].strip(), f"{case['prefix']}: {fields}"
+            prefill = str(case["prefix"].get("content") or "")
+            assert not prefill or not fields[case["field"]].startswith(prefill), "the prefill came back"
+            others = {name: text for name, text in fields.items() if name != case["field"] and text}
+            assert not others, f"{case['prefix']}: also under {others}"
+
+
 CHECKS: dict[str, Check] = {
     "boot": check_boot,
     "health_ready": check_health_ready,
@@ -164,4 +262,7 @@ CHECKS: dict[str, Check] = {
     "reasoning_field": check_reasoning_field,
     "context_error": check_context_error,
     "models": check_models,
+    "stream_error": check_stream_error,
+    "continue_final_message": check_continue_final_message,
+    "continued_as": check_continued_as,
 }

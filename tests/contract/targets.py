@@ -76,19 +76,30 @@ def emulator(
 
 @contextlib.contextmanager
 def real_llama(
-    log_dir: Path, *, shared: str | None, cold_boot: bool = False, **unsupported: Any
+    log_dir: Path,
+    *,
+    shared: str | None,
+    cold_boot: bool = False,
+    engine_args: tuple[str, ...] | None = None,
+    context_tokens: int | None = None,
+    **unsupported: Any,
 ) -> Iterator[Running]:
-    """The shared real server, or with ``cold_boot`` a fresh one yielded before it has loaded."""
-    from tests.real.conftest import CONTEXT_PER_SLOT, start_llama_server
+    """The shared real server; with ``cold_boot`` a fresh one yielded before it has loaded; with
+    ``engine_args`` a fresh one started with them (and ``context_tokens`` per slot), once it has loaded."""
+    from tests.real.conftest import CONTEXT_PER_SLOT, start_llama_server, wait_for_boot
 
     if any(value is not None for value in unsupported.values()):
         raise ValueError(f"the real llama-server takes no {sorted(unsupported)} here")
-    if not cold_boot:
+    if not cold_boot and engine_args is None:
         assert shared is not None
         yield Running(shared, real=True, context_tokens=CONTEXT_PER_SLOT)
         return
-    process, url = start_llama_server(log_dir / "boot.log")
+    context = context_tokens or CONTEXT_PER_SLOT
+    log_path = log_dir / "server.log"
+    process, url = start_llama_server(log_path, context_tokens=context, extra_args=engine_args or ())
     try:
-        yield Running(url, real=True, context_tokens=CONTEXT_PER_SLOT)
+        if not cold_boot:
+            wait_for_boot(process, url, log_path)
+        yield Running(url, real=True, context_tokens=context)
     finally:
         process.stop()

@@ -4,6 +4,8 @@ llama.cpp, the real llama-server: an emulator can no longer drift from the engin
 from __future__ import annotations
 
 import contextlib
+import os
+import re
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -51,11 +53,11 @@ def test_the_target_keeps_the_contract(
     def start(**options: Any) -> contextlib.AbstractContextManager[Running]:
         if target != REAL_LLAMA:
             return emulator(target, **options)
-        if options.get("cold_boot"):
+        if options.get("cold_boot") or options.get("engine_args") is not None:
             from tests.real.conftest import skip_without_setup
 
             skip_without_setup()
-            return real_llama(tmp_path, shared=None, **options)
+            return real_llama(tmp_path, shared=None, **options)  # a server of its own
         if options.get("context_tokens") is not None:
             options = {**options, "context_tokens": None}  # the real server keeps its own context
         return real_llama(tmp_path, shared=request.getfixturevalue("shared_llama"), **options)
@@ -88,3 +90,29 @@ def test_every_entry_names_its_source_and_version(dialect: str) -> None:
         if entry.check is not None:
             assert entry.check["kind"] in CHECKS, f"{entry.id}: unknown check {entry.check['kind']}"
     assert set(document["emulator_profiles"]) == set(targets_of(document["dialect"])) - {REAL_LLAMA}
+    # A release version (vLLM, SGLang) or the full commit (llama.cpp has no releases the sdist names).
+    assert re.fullmatch(r"\d+\.\d+\.\d+|[0-9a-f]{40}", document["pinned"]), document["pinned"]
+
+
+# Where the engines' sources lie unpacked at the pinned versions (as /tmp/engines/README says); the
+# citations are checked against them when they are there.
+SOURCES = Path(os.environ.get("ENGINE_SOURCES", "/tmp/engines"))
+TREES = {"vllm": "vllm/src/vllm", "sglang": "sglang/src/sglang", "llama.cpp": "llamacpp/src"}
+
+
+@pytest.mark.parametrize("dialect", dialects())
+def test_every_citation_is_a_line_of_the_pinned_source(dialect: str) -> None:
+    if not SOURCES.is_dir():
+        pytest.skip(f"the engines' sources are not unpacked at {SOURCES} (ENGINE_SOURCES)")
+    missing = []
+    for entry in entries(dialect):
+        for citation in entry.cite:
+            package, _, rest = citation.partition("/")
+            path, _, lines = rest.rpartition(":")
+            last = int(lines.split("-")[-1])
+            source = SOURCES / TREES[package] / path
+            if not source.is_file():
+                missing.append(f"{entry.id}: {citation} (no such file)")
+            elif last > len(source.read_text(errors="replace").splitlines()):
+                missing.append(f"{entry.id}: {citation} (past the file's end)")
+    assert not missing, "\n".join(missing)

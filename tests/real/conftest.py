@@ -60,16 +60,24 @@ def skip_without_setup() -> None:
         pytest.skip(f"{reason}: run `{SETUP_COMMAND}` to build and fetch the real llama.cpp upstream")
 
 
-def start_llama_server(log_path: Path, *, slots: int = SLOTS) -> tuple[ProcessServer, str]:
-    """A llama-server process on a free loopback port; the caller stops it (by pid)."""
+def start_llama_server(
+    log_path: Path,
+    *,
+    slots: int = SLOTS,
+    context_tokens: int = CONTEXT_PER_SLOT,
+    extra_args: tuple[str, ...] = (),
+) -> tuple[ProcessServer, str]:
+    """A llama-server process on a free loopback port, ``extra_args`` appended to its command line; the
+    caller stops it (by pid)."""
     binary = real_server_binary()
     assert binary is not None
     port = free_port()
     # One thread: on two cores shared with the test process (and, on a dev box, other work) two OpenMP
     # threads spin at every barrier for a core the other holds; measured: 3 tokens/s with two, 45 with one.
     command = real_server_command(
-        binary, MODEL_FILE, SERVED_MODEL, port, slots=slots, context_tokens=CONTEXT_PER_SLOT, threads=1
+        binary, MODEL_FILE, SERVED_MODEL, port, slots=slots, context_tokens=context_tokens, threads=1
     )
+    command += list(extra_args)
     return ProcessServer(command, log_path=str(log_path)).start(), f"http://127.0.0.1:{port}"
 
 
