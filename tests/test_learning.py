@@ -111,6 +111,13 @@ def wait_until(predicate: Any, timeout: float = 30.0) -> None:
         time.sleep(0.02)
 
 
+def _answers_health(url: str) -> bool:
+    try:
+        return httpx.get(url + "/health").status_code == 200
+    except httpx.TransportError:  # refused, or cut by the emulator's listener closing while it loads
+        return False
+
+
 def ledger_rows(gateway: Gateway, table: str = "requests") -> list[dict[str, Any]]:
     runtime = gateway.runtime
     wait_until(lambda: runtime.ledger.pending == 0)
@@ -230,9 +237,10 @@ def test_a_pool_gets_user_traffic_again_soon_after_it_recovers_and_after_a_cold_
         recovered_at = gateway.runtime.clock()
         assert _first_pool_request_after(gateway, "slo-pool-api", recovered_at) <= 30.0
 
-        set_faults(learning_upstreams.vllm, cold_boot_s=60)  # a restart: 60 emulated seconds of 503
+        # A restart: 60 emulated seconds in which vLLM refuses connections (it listens once loaded).
+        set_faults(learning_upstreams.vllm, cold_boot_s=60)
         wait_until(lambda: candidate(gateway, "slo-pool-api", "b300-vllm")["eligible"] is False)
-        wait_until(lambda: httpx.get(learning_upstreams.vllm.url + "/health").status_code == 200)
+        wait_until(lambda: _answers_health(learning_upstreams.vllm.url))
         booted_at = gateway.runtime.clock()
         assert _first_pool_request_after(gateway, "slo-pool-api", booted_at) <= 30.0
 

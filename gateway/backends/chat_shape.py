@@ -76,7 +76,7 @@ def merged_system_messages(
     leading: dict[str, Any] | None = None  # placement "leading": the one system prompt, first
     run: dict[str, Any] | None = None  # placement "in_place": the system message just before
     for message in messages:
-        role = message.get("role") if isinstance(message, dict) else None
+        role = _role(message)
         if role not in SYSTEM_ROLES:
             out.append(message)
             run = None
@@ -99,7 +99,7 @@ def merged_system_messages(
 def _needs_merging(messages: list[Any], placement: SystemMessages, developer_role: bool) -> bool:
     previous_system = False
     for position, message in enumerate(messages):
-        role = message.get("role") if isinstance(message, dict) else None
+        role = _role(message)
         is_system = role in SYSTEM_ROLES
         if is_system and (
             previous_system
@@ -109,6 +109,12 @@ def _needs_merging(messages: list[Any], placement: SystemMessages, developer_rol
             return True
         previous_system = is_system
     return False
+
+
+def _role(message: Any) -> str | None:
+    """A message's role when it has one a set can hold (a fuzzer's role may be a list)."""
+    role = message.get("role") if isinstance(message, dict) else None
+    return role if isinstance(role, str) else None
 
 
 def _text(content: Any) -> str:

@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from gateway.backends.chat_shape import shaped
+from gateway.backends.chat_shape import merged_system_messages, shaped
 from gateway.policy.compiled import CompiledBackend
 from gateway.policy.schema import Dialect, SystemMessages, Thinking
 from tests.unit.factories import pool_backend
@@ -118,3 +118,9 @@ def test_a_model_that_does_not_reason_gets_no_effort_and_one_that_always_does_sa
     assert "reasoning_effort" not in out and "does not reason" in notes[0]
     out, notes = shaped(knobs(None, thinking=False), backend("vllm", thinking="mandatory"))
     assert notes == ("thinking stays on: b300 serves a model that always thinks",)
+
+
+def test_a_role_that_is_not_a_string_is_left_to_the_upstream_to_refuse() -> None:
+    # A fuzzer found it: an unhashable role made the set lookup raise (a 500 instead of the upstream's 400).
+    messages = [{"role": ["system"], "content": "x"}, {"role": "user", "content": "hi"}]
+    assert merged_system_messages(messages, "leading", developer_role=False) is None
