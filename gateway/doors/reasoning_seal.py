@@ -17,9 +17,6 @@ import os
 import secrets
 from collections.abc import Mapping, MutableMapping
 
-from cryptography.exceptions import InvalidTag
-from cryptography.hazmat.primitives.ciphers.aead import AESGCM
-
 KEY_ENV = "GATEWAY_REASONING_KEY"
 # Bound into every blob: a blob sealed for another purpose under the same key does not open here.
 _PURPOSE = b"gateway/responses/reasoning/v1"
@@ -32,6 +29,10 @@ class Sealer:
     __slots__ = ("_aead",)
 
     def __init__(self, secret: str) -> None:
+        # Imported on the first sealed blob, not at start: cryptography's bindings are ~7 MB of every
+        # gateway's memory, and most gateways never see a client that asks for encrypted reasoning.
+        from cryptography.hazmat.primitives.ciphers.aead import AESGCM
+
         self._aead = AESGCM(hashlib.sha256(secret.encode()).digest())
 
     def seal(self, text: str) -> str:
@@ -43,6 +44,8 @@ class Sealer:
         """The text sealed in ``blob``; None for a blob this key did not seal or that was altered."""
         if not isinstance(blob, str) or not blob.startswith(_PREFIX):
             return None
+        from cryptography.exceptions import InvalidTag  # loaded with AESGCM by __init__
+
         try:
             raw = base64.urlsafe_b64decode(blob[len(_PREFIX) :])
             return self._aead.decrypt(raw[:12], raw[12:], _PURPOSE).decode()
