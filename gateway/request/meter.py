@@ -19,6 +19,7 @@ if TYPE_CHECKING:
 
 CORRUPT = "the stream carried an event that is not JSON (or longer than any event is)"
 MAX_EVENT_BYTES = 4 * 1024 * 1024  # one SSE event; a longer one is a corrupt stream, not held forever
+REJOIN_BYTES = 4096  # an unfinished event up to this long is rejoined and rescanned whole on each read
 
 
 class StreamMeter:
@@ -78,7 +79,9 @@ class StreamMeter:
         event waits in pieces, and only new bytes are searched for its end: a long event costs
         linear time, and one past MAX_EVENT_BYTES makes the stream corrupt."""
         if self._held:
-            if not self._ends_in(b"".join(self._tail[-3:])[-3:] + data):
+            # A short unfinished event (the usual one: an event cut by a read) is simply joined and
+            # searched again; only a long one is searched piecewise, where rescanning would cost.
+            if self._held > REJOIN_BYTES and not self._ends_in(b"".join(self._tail[-3:])[-3:] + data):
                 self._hold(data)
                 return b""
             buf = b"".join(self._tail) + data
