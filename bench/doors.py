@@ -47,7 +47,7 @@ def upstream_events(tokens: int) -> list[bytes]:
 def per_chunk_us(door: str, events: list[bytes], streams: int) -> float:
     """Microseconds of relay work per upstream event: the meter, plus the translator when there is one."""
     from gateway.doors.anthropic_stream import MessagesStream
-    from gateway.doors.responses import response_shell
+    from gateway.doors.responses_answer import response_shell
     from gateway.doors.responses_stream import ResponsesStream
     from gateway.request.meter import StreamMeter
     from gateway.request.observation import Attempt

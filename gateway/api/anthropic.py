@@ -3,7 +3,7 @@ and 405 anywhere under /v1/messages*, come in Anthropic's shape: ``doors.anthrop
 
 Tokens are counted as the gateway estimates a prompt before sending it: the characters of the chat
 payload the door would send upstream, over ``tuning.chars_per_token``. No backend here exposes the
-tokenizer of the model behind a route to the gateway, so this is an estimate (README: "Claude Code").
+tokenizer of the model behind a route to the gateway, so this is an estimate (docs/agents.md).
 """
 
 from __future__ import annotations

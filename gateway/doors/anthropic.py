@@ -2,21 +2,22 @@
 and a chat completion becomes a Message (thinking, text and tool_use blocks, stop_reason, usage).
 
 The pure translations (``chat_payload``, ``message_of``) are shared with the emulator's ``anthropic``
-profile; the stream translator lives in ``anthropic_stream``.
+profile. Below the door: the Message's shape (``anthropic_message``) and the stream translator built on
+it (``anthropic_stream``).
 """
 
 from __future__ import annotations
 
-import secrets
 from typing import TYPE_CHECKING, Any
 
 import orjson
 from starlette.responses import Response
 
 from gateway.doors.anthropic_errors import error_body as error_body  # its users import it from here
+from gateway.doors.anthropic_message import message_of
 from gateway.doors.anthropic_options import chat_tools, context_notes, reasoning_knobs
+from gateway.doors.anthropic_stream import MessagesStream
 from gateway.doors.openai import translated_request
-from gateway.doors.sse import chat_usage, reasoning_of
 from gateway.errors import GatewayError, InvalidRequest
 from gateway.policy.compiled import CompiledPolicy
 
@@ -24,8 +25,6 @@ if TYPE_CHECKING:
     from gateway.doors import StreamTranslator
     from gateway.request.exchange import ClientRequest, Exchange
 
-STOP_REASONS = {"stop": "end_turn", "length": "max_tokens", "tool_calls": "tool_use",
-                "function_call": "tool_use", "content_filter": "refusal"}  # fmt: skip
 # Messages fields with a chat-completions name of their own; the rest of theirs has no equivalent.
 RENAMED = {"stop_sequences": "stop", "temperature": "temperature", "top_p": "top_p"}
 BILLING_HEADER = "x-anthropic-billing-header:"
@@ -48,8 +47,6 @@ class AnthropicDoor:
         return orjson.dumps(message_of(orjson.loads(raw), exchange.client.route.name))
 
     def stream_translator(self, exchange: Exchange) -> StreamTranslator:
-        from gateway.doors.anthropic_stream import MessagesStream
-
         assert exchange.client is not None
         client = exchange.client
         return MessagesStream(client.route.name, client.prompt_tokens, exchange.request_id)
@@ -209,68 +206,6 @@ def _chat_tool_choice(choice: dict[str, Any]) -> Any:
     if kind == "tool":
         return {"type": "function", "function": {"name": choice.get("name")}}
     return {"any": "required", "none": "none"}.get(str(kind), "auto")
-
-
-# -- chat completion -> Message ---------------------------------------------------------------------------
-
-
-def message_of(completion: Any, model: str) -> dict[str, Any]:
-    """A whole chat completion as an Anthropic Message named after the client's ``model``."""
-    choice = (completion.get("choices") or [{}])[0] if isinstance(completion, dict) else {}
-    message = choice.get("message") or {}
-    content: list[dict[str, Any]] = []
-    thinking = reasoning_of(message)
-    if thinking:
-        content.append({"type": "thinking", "thinking": thinking, "signature": ""})
-    if message.get("content"):
-        content.append({"type": "text", "text": message["content"]})
-    for call in message.get("tool_calls") or []:
-        function = call.get("function") or {}
-        arguments = _json_input(function.get("arguments"))
-        block = {"type": "tool_use", "id": call.get("id") or tool_use_id(), "name": function.get("name")}
-        content.append({**block, "input": arguments})
-    return {
-        "id": message_id(completion.get("id")),
-        "type": "message",
-        "role": "assistant",
-        "model": model,
-        "content": content,
-        "stop_reason": STOP_REASONS.get(str(choice.get("finish_reason")), "end_turn"),
-        "stop_sequence": None,
-        "usage": usage_of(completion.get("usage")),
-    }
-
-
-def usage_of(usage: Any) -> dict[str, Any]:
-    """Anthropic usage: input_tokens excludes cache reads; output_tokens includes thinking (once)."""
-    prompt, cached, completion, reasoning = chat_usage(usage)
-    return {
-        "input_tokens": prompt - cached,
-        "cache_creation_input_tokens": 0,
-        "cache_read_input_tokens": cached,
-        "output_tokens": completion,
-        "output_tokens_details": {"thinking_tokens": reasoning},
-    }
-
-
-def message_id(upstream_id: Any) -> str:
-    return (
-        f"msg_{upstream_id}"
-        if isinstance(upstream_id, str) and upstream_id
-        else f"msg_{secrets.token_hex(12)}"
-    )
-
-
-def tool_use_id() -> str:
-    return f"toolu_{secrets.token_hex(12)}"
-
-
-def _json_input(arguments: Any) -> Any:
-    try:
-        value = orjson.loads(arguments or "{}")
-    except orjson.JSONDecodeError:
-        return {"_raw_arguments": arguments}
-    return value if isinstance(value, dict) else {"value": value}
 
 
 MESSAGES = AnthropicDoor()

@@ -9,7 +9,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from gateway.doors.anthropic import STOP_REASONS, error_body, message_id, tool_use_id, usage_of
+from gateway.doors.anthropic_errors import error_body
+from gateway.doors.anthropic_message import STOP_REASONS, message_id, tool_use_id, usage_of
 from gateway.doors.sse import named_event, reasoning_of, upstream_objects
 
 

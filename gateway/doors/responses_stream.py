@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from gateway.doors.responses import ResponsesState, finished, item_id, message_item, reasoning_item
+from gateway.doors.responses_answer import ResponsesState, finished, item_id, message_item, reasoning_item
 from gateway.doors.responses_tools import call_item
 from gateway.doors.sse import named_event, reasoning_of, upstream_objects
 

@@ -9,41 +9,28 @@ Errors come in Anthropic's shape (``{"type": "error", "error": {...}}``); the ke
 from __future__ import annotations
 
 from collections.abc import AsyncGenerator
-from typing import Any, ClassVar
+from typing import Any
 
 import orjson
 from starlette.requests import Request
 from starlette.responses import Response
 
-from gateway.doors.anthropic import chat_payload, error_body, message_of
+from gateway.doors.anthropic import chat_payload
+from gateway.doors.anthropic_message import message_of
 from gateway.doors.anthropic_stream import MessagesStream
-from gateway.emulator.dialects import OpenAIDialect
+from gateway.emulator.arrival import arrive
 from gateway.emulator.parsing import BadRequest, parse_completion_request
-from gateway.emulator.profiles import DialectName
 from gateway.emulator.replies import Part, Reply, Start
-from gateway.emulator.turn import Json
 from gateway.errors import InvalidRequest
 
 
-class AnthropicDialect(OpenAIDialect):
-    """Chat turns as the OpenAI dialect builds them; only errors have Anthropic's own shape here."""
-
-    name: ClassVar[DialectName] = "anthropic"
-
-    def error(self, status: int, message: str) -> Json:
-        parsed: Json = orjson.loads(error_body(status, message))
-        return parsed
-
-
 async def messages(request: Request) -> Response:
-    from gateway.emulator.app import _arrive
-
     raw = await request.body()
     try:
         body: Any = orjson.loads(raw)
     except orjson.JSONDecodeError:
         body = None
-    emulator = _arrive(request, body, raw)
+    emulator = arrive(request, body, raw)
     if not isinstance(body, dict):
         return emulator.error_response(400, "Request body must be a JSON object.")
     try:

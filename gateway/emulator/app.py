@@ -9,7 +9,7 @@ import os
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import replace
-from typing import Any, cast
+from typing import Any
 
 import orjson
 import uvicorn
@@ -20,6 +20,7 @@ from starlette.routing import Route
 from starlette.types import Receive, Scope, Send
 
 from gateway.emulator.anthropic_api import messages
+from gateway.emulator.arrival import arrive, emulator_of
 from gateway.emulator.embeddings import embeddings
 from gateway.emulator.exposition import metrics_text, slots_json
 from gateway.emulator.faults import Faults, FaultsError
@@ -123,7 +124,7 @@ async def completions(request: Request) -> Response:
 
 
 async def models(request: Request) -> Response:
-    emulator = _arrive(request)
+    emulator = arrive(request)
     refused = emulator.refusal(request)
     if refused is not None:
         return refused
@@ -131,13 +132,13 @@ async def models(request: Request) -> Response:
 
 
 async def health(request: Request) -> Response:
-    emulator = _arrive(request)
+    emulator = arrive(request)
     enabled = bool(request.app.state.health_generation)
     return await emulator.health(request.url.path, generation_enabled=enabled)
 
 
 async def metrics(request: Request) -> Response:
-    emulator = _arrive(request)
+    emulator = arrive(request)
     not_yet = _loading(emulator)
     if not_yet is not None:
         return not_yet
@@ -145,7 +146,7 @@ async def metrics(request: Request) -> Response:
 
 
 async def slots(request: Request) -> Response:
-    emulator = _arrive(request)
+    emulator = arrive(request)
     not_yet = _loading(emulator)
     if not_yet is not None:
         return not_yet
@@ -156,7 +157,7 @@ async def slots(request: Request) -> Response:
 
 
 async def faults(request: Request) -> Response:
-    emulator = _emulator(request)
+    emulator = emulator_of(request)
     if request.method == "DELETE":
         emulator.set_faults(Faults())
     elif request.method == "POST":
@@ -170,14 +171,14 @@ async def faults(request: Request) -> Response:
 
 
 async def requests_log(request: Request) -> Response:
-    emulator = _emulator(request)
+    emulator = emulator_of(request)
     if request.method == "DELETE":
         return json_response({"cleared": emulator.requests.clear()})
     return json_response(emulator.requests.entries(request.query_params.get("path")))
 
 
 async def state(request: Request) -> Response:
-    return json_response(_emulator(request).state())
+    return json_response(emulator_of(request).state())
 
 
 # -- helpers -------------------------------------------------------------------------------------------
@@ -192,16 +193,6 @@ def _loading(emulator: Emulator) -> Response | None:
     return None
 
 
-def _emulator(request: Request) -> Emulator:
-    return cast(Emulator, request.app.state.emulator)
-
-
-def _arrive(request: Request, body: Any = None, raw: bytes = b"") -> Emulator:
-    emulator = _emulator(request)
-    emulator.requests.record(request, body, raw)
-    return emulator
-
-
 async def _complete(request: Request, endpoint: Endpoint) -> Response:
     raw = await request.body()
     body: Any = None
@@ -210,5 +201,5 @@ async def _complete(request: Request, endpoint: Endpoint) -> Response:
         body = orjson.loads(raw)
     except orjson.JSONDecodeError as exc:
         body_error = f"Invalid JSON body: {exc}"
-    emulator = _arrive(request, body, raw)
+    emulator = arrive(request, body, raw)
     return await emulator.complete(request, endpoint, body, body_error)

@@ -1,6 +1,7 @@
 """Wire shapes of the emulated dialects: stream frames, full responses, usage, errors, health, models.
 
 Sources: vLLM's chat_completion/serving.py and llama.cpp's tools/server/server-task.cpp; see each class.
+SGLang's lives in ``sglang.py``; ``dialect_choice.py`` names each profile's.
 """
 
 from __future__ import annotations
@@ -8,6 +9,9 @@ from __future__ import annotations
 from http import HTTPStatus
 from typing import ClassVar
 
+import orjson
+
+from gateway.doors.anthropic_errors import error_body
 from gateway.emulator.profiles import DialectName, Profile
 from gateway.emulator.turn import Json, Timings, Turn
 
@@ -371,15 +375,11 @@ class LlamaCppDialect(OpenAIDialect):
         return {"models": [listed], "object": "list", "data": [model]}
 
 
-def dialect_for(name: DialectName) -> OpenAIDialect:
-    from gateway.emulator.anthropic_api import AnthropicDialect
-    from gateway.emulator.sglang import SglangDialect
+class AnthropicDialect(OpenAIDialect):
+    """Chat turns as the OpenAI dialect builds them; only errors have Anthropic's own shape here."""
 
-    dialects: dict[DialectName, type[OpenAIDialect]] = {
-        "anthropic": AnthropicDialect,
-        "sglang": SglangDialect,
-        "vllm": VllmDialect,
-        "llamacpp": LlamaCppDialect,
-        "openai": OpenAIDialect,
-    }
-    return dialects[name]()
+    name: ClassVar[DialectName] = "anthropic"
+
+    def error(self, status: int, message: str) -> Json:
+        parsed: Json = orjson.loads(error_body(status, message))
+        return parsed

@@ -13,6 +13,7 @@ import orjson
 from starlette.requests import Request
 from starlette.responses import Response
 
+from gateway.emulator.arrival import arrive
 from gateway.emulator.prefix_cache import CHARS_PER_TOKEN
 
 DIMENSIONS = 16
@@ -38,14 +39,12 @@ def texts_of(value: Any) -> list[str] | None:
 
 
 async def embeddings(request: Request) -> Response:
-    from gateway.emulator.app import _arrive
-
     raw = await request.body()
     try:
         body: Any = orjson.loads(raw)
     except orjson.JSONDecodeError:
         body = None
-    emulator = _arrive(request, body, raw)
+    emulator = arrive(request, body, raw)
     refused = emulator.refusal(request)
     if refused is not None:
         return refused

@@ -16,7 +16,8 @@ import orjson
 from starlette.requests import Request
 from starlette.responses import Response
 
-from gateway.emulator.dialects import dialect_for, openai_error
+from gateway.emulator.dialect_choice import dialect_for
+from gateway.emulator.dialects import openai_error
 from gateway.emulator.engine import Engine, Generation, Plan
 from gateway.emulator.faults import Faults, RateLimiter, retry_after_headers
 from gateway.emulator.parsing import (

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from gateway.ledger.database import LedgerDatabase, LedgerUnavailable
+from gateway.ledger.opening import open_database
 from gateway.ledger.rows import COLUMNS, LedgerRow
 from gateway.ledger.sqlite import SqliteLedger
 
@@ -47,8 +48,6 @@ class Ledger:
         close_timeout_s: float = 20.0,
         spill_path: Path | None = None,
     ) -> None:
-        from gateway.ledger import open_database  # the package's chooser; avoids an import cycle
-
         self.database = open_database(database) if isinstance(database, str | Path) else database
         self.path = self.database.path if isinstance(self.database, SqliteLedger) else None
         self._flush_interval_s = flush_interval_s

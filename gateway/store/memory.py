@@ -8,7 +8,7 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from gateway.store import BUCKET_S, WINDOW_S, Ask, Message, StoreHealth, Verdict, judge
+from gateway.store.interface import BUCKET_S, WINDOW_S, Ask, Message, StoreHealth, Verdict, judge
 
 
 class MemoryStore:

@@ -22,7 +22,7 @@ from redis.exceptions import RedisError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from gateway.policy.schema import StoreSettings
-from gateway.store import ADMITTED, LOCAL, WINDOW_S, Ask, Message, StoreHealth, Verdict, shown_url
+from gateway.store.interface import ADMITTED, LOCAL, WINDOW_S, Ask, Message, StoreHealth, Verdict, shown_url
 from gateway.store.memory import MemoryStore
 from gateway.store.scripts import ADMIT_LUA, SETTLE_LUA
 

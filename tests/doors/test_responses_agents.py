@@ -12,7 +12,8 @@ import httpx
 import pytest
 
 from gateway.doors.reasoning_seal import KEY_ENV, Sealer, ensure_key
-from gateway.doors.responses import RESPONSES, ResponsesState, chat_payload
+from gateway.doors.responses import RESPONSES, chat_payload
+from gateway.doors.responses_answer import ResponsesState
 from tests.conftest import Gateway, Upstreams
 from tests.doors.ledger import ANSWER, THINKING
 
