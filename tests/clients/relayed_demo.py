@@ -12,10 +12,10 @@ from pathlib import Path
 import pytest
 
 from tests.clients.relay import Relay
-from tests.servers import ProcessServer, free_port, python_module, threaded_server, wait_http
+from tests.servers import free_port, threaded_server
+from tests.test_demo import policy_on_ports, start_demo
 
 REPO = Path(__file__).resolve().parents[2]
-DEFAULT_PORTS = (8101, 8102, 8103)
 
 
 def cache_dir() -> Path:
@@ -38,18 +38,10 @@ class RelayedDemo:
 def relayed_demo(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RelayedDemo]:
     """`gateway demo` on the default policy (its emulator ports moved to free ones), emulators 50x faster."""
     folder = tmp_path_factory.mktemp("demo")
-    text = (REPO / "policies" / "default.yaml").read_text()
-    for default in DEFAULT_PORTS:
-        text = text.replace(f"127.0.0.1:{default}", f"127.0.0.1:{free_port()}")
-    policy = folder / "policy.yaml"
-    policy.write_text(text)
+    policy = policy_on_ports(folder, (free_port(), free_port(), free_port()))
     port = free_port()
-    args = python_module(
-        "gateway", "demo", "--policy", str(policy), "--port", str(port), "--time-scale", "0.02"
-    )
-    server = ProcessServer(args, log_path=str(folder / "demo.log"), cwd=str(folder)).start()
+    server, _ = start_demo(folder, policy, port)
     try:
-        wait_http(f"http://127.0.0.1:{port}/ready", timeout=60)
         relay = Relay(f"http://127.0.0.1:{port}")
         with threaded_server(relay.app()) as relayed:
             yield RelayedDemo(relayed.url, f"http://127.0.0.1:{port}", relay, folder)
