@@ -41,39 +41,48 @@ def load_share(backend: CompiledBackend, view: BackendView) -> float:
     return occupied(backend, view) / capacity
 
 
+def replica_groups(
+    names: tuple[str, ...], backends: Mapping[str, CompiledBackend]
+) -> tuple[tuple[int, ...], ...]:
+    """The candidates of a route that are replicas of one pool (indexes into ``names``): the same
+    family at the same price. Computed once when the policy is compiled."""
+    groups: dict[tuple[object, ...], list[int]] = {}
+    for index, name in enumerate(names):
+        backend = backends.get(name)
+        if backend is not None:
+            key = (backend.family, backend.token_prices, backend.pool_price)
+            groups.setdefault(key, []).append(index)
+    return tuple(tuple(members) for members in groups.values() if len(members) > 1)
+
+
 def by_load_groups(
     prompt_tokens: int,
     names: tuple[str, ...],
+    groups: tuple[tuple[int, ...], ...],
     backends: Mapping[str, CompiledBackend],
     snapshot: Mapping[str, BackendView],
     cached: Mapping[str, int],
 ) -> tuple[Mapping[str, int], tuple[tuple[int, ...], ...]]:
-    """The cached tokens the decision should count on, and the groups of replicas (indexes into
-    ``names``) that go by load; ``cached`` itself comes back when nothing changes."""
-    groups: dict[tuple[object, ...], list[int]] = {}
-    for index, name in enumerate(names):
-        backend = backends[name]
-        groups.setdefault((backend.family, backend.token_prices, backend.pool_price), []).append(index)
-    if len(groups) == len(names):
-        return cached, ()
+    """The cached tokens the decision should count on, and the replica groups that go by load (all
+    of them but those where one replica's cache holds enough of this prompt); ``cached`` itself comes
+    back when nothing changes."""
     counted: dict[str, int] | None = None
     by_load: list[tuple[int, ...]] = []
-    for members in groups.values():
-        if len(members) < 2:
-            continue
-        held = [cached.get(names[i], 0) for i in members]
+    for members in groups:
+        held = [cached.get(names[i], 0) for i in members] if cached else [0] * len(members)
         floor, top = min(held), max(held)
         if top - floor >= max(AFFINITY_MIN_TOKENS, AFFINITY_MIN_SHARE * prompt_tokens):
             loads = [occupied(backends[names[i]], snapshot.get(names[i])) for i in members]
             least, holder = min(loads), loads[held.index(top)]
             if not (holder > least + BALANCE_ABS and holder > BALANCE_REL * least):
                 continue  # affinity holds: the cache decides among these replicas
-        if counted is None:
-            counted = dict(cached)
-        for i in members:
-            if floor:
-                counted[names[i]] = floor
-            else:
-                counted.pop(names[i], None)
-        by_load.append(tuple(members))
+        if top > floor:  # what only some of them hold counts on none of them
+            if counted is None:
+                counted = dict(cached)
+            for i in members:
+                if floor:
+                    counted[names[i]] = floor
+                else:
+                    counted.pop(names[i], None)
+        by_load.append(members)
     return (cached if counted is None else counted), tuple(by_load)

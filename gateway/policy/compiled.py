@@ -117,6 +117,9 @@ class CompiledRoute:
 
     resume_streams: bool = False  # a stream cut mid-way continues on another candidate
     aliases: tuple[str, ...] = ()  # other model ids (exact or globs) that name this route
+    # Candidates (indexes into ``backends``) that are replicas of one pool: same family, same price.
+    # Cache affinity, guarded by load, decides among each group (policy/affinity.py).
+    replica_groups: tuple[tuple[int, ...], ...] = ()
 
 
 @dataclass(frozen=True, slots=True)

@@ -145,9 +145,11 @@ def decide(
     prompt, max_tokens = req.prompt_tokens, req.max_tokens
     cached_map = req.cached_tokens
     by_load: tuple[tuple[int, ...], ...] = ()
-    if cached_map and len(names) > 1:
-        cached_map, by_load = by_load_groups(prompt, names, backends, snapshot, cached_map)
-        if by_load or cached_map is not req.cached_tokens:
+    if route.replica_groups:
+        cached_map, by_load = by_load_groups(
+            prompt, names, route.replica_groups, backends, snapshot, cached_map
+        )
+        if cached_map is not req.cached_tokens:
             req = RequestFeatures(req.route, prompt, max_tokens, req.stream, cached_map)
     long_prompt = prompt >= PREFILL_MIN_TOKENS
     rows: list[tuple[CompiledBackend, BackendView, Standing]] = []

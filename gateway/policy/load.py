@@ -19,6 +19,7 @@ from pydantic import ValidationError
 
 from gateway.money.costs import per_token, pool_usd_per_token
 from gateway.policy import schema
+from gateway.policy.affinity import replica_groups
 from gateway.policy.aliases import alias_problems, compiled_aliases
 from gateway.policy.compiled import CompiledBackend, CompiledPolicy, CompiledRoute, PoolPrice, TokenPrices
 from gateway.policy.document import (
@@ -368,6 +369,7 @@ def _compile_route(name: str, r: schema.Route, backends: Mapping[str, CompiledBa
         admit_beyond_max_concurrency=r.admit_beyond_max_concurrency,
         resume_streams=resume_streams,
         aliases=tuple(r.aliases),
+        replica_groups=replica_groups(tuple(r.backends), backends),
     )
 
 

@@ -8,6 +8,7 @@ from dataclasses import replace
 
 from gateway.measure.signals import LoadSignals
 from gateway.measure.stats import BackendView
+from gateway.policy.affinity import replica_groups
 from gateway.policy.compiled import CompiledPolicy, CompiledRoute
 from gateway.policy.decide import Decision, RequestFeatures, decide
 from gateway.policy.schema import Slo
@@ -38,6 +39,8 @@ def _pools(slo_ms: float = 15_000.0) -> tuple[CompiledPolicy, CompiledRoute]:
         api_backend("api", input_per_mtok=0.6, cached_per_mtok=0.15, output_per_mtok=2.5),
     ]
     kimi = route(("b300-a", "b300-b", "api"), slo=Slo(ttft_p95_ms=slo_ms))
+    kimi = replace(kimi, replica_groups=replica_groups(kimi.backends, {b.name: b for b in backends}))
+    assert kimi.replica_groups == ((0, 1),)  # the API is another kind of backend
     return policy(backends, [kimi]), kimi
 
 
@@ -119,3 +122,14 @@ def test_a_long_uncached_prompt_adds_its_prefill_to_the_predicted_ttft() -> None
     assert cold is not None and warm is not None and cold.ttft_p95_s is not None
     assert abs(cold.ttft_p95_s - (1.0 + PROMPT / 12_000.0)) < 1e-9
     assert warm.ttft_p95_s == 1.0
+
+
+def test_replicas_that_no_cache_tells_apart_go_by_load() -> None:
+    views = _idle()
+    views["api"] = _view("api", healthy=False)
+    # The busy replica's measured throughput is higher, so per token it looks cheaper: load wins.
+    views["b300-a"] = _view("b300-a", inflight=5, aggregate_tokens_per_s=4000.0)
+    views["b300-b"] = _view("b300-b", inflight=1)
+    assert _decide({}, views).chosen == "b300-b"
+    views["b300-b"] = _view("b300-b", inflight=9)
+    assert _decide({}, views).chosen == "b300-a"
