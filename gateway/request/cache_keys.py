@@ -11,16 +11,22 @@ from typing import Any
 
 import orjson
 
-from gateway.measure.prefix_index import PromptKeys, prompt_keys
+from gateway.measure.prefix_index import NO_KEYS, PromptKeys, prompt_keys
 from gateway.request.exchange import ClientRequest
 
 SESSION_HEADERS = frozenset((b"session-id", b"x-session-id", b"x-claude-code-session-id"))
 MAX_KEY_CHARS = 128  # a client key longer than this is cut: it names a conversation, nothing more
+# A prompt shorter than this is not keyed: its cache would save next to nothing (the paid APIs cache
+# nothing under 1,024 tokens; a pool prefills it in a few milliseconds), so short requests pay nothing
+# for the index.
+MIN_KEYED_TOKENS = 1024
 
 
 def keys_for(
     client: ClientRequest, raw_headers: list[tuple[bytes, bytes]], chars_per_token: float
 ) -> PromptKeys:
+    if client.prompt_tokens < MIN_KEYED_TOKENS:
+        return NO_KEYS
     return prompt_keys(client.payload, client.prompt_chars, chars_per_token, client_key(client, raw_headers))
 
 
