@@ -1,0 +1,52 @@
+"""The client's own name for its conversation, as the recorded agents send it
+(tests/clients/fixtures/): Codex's ``prompt_cache_key`` and ``session-id`` header, Claude Code's
+session id inside ``metadata.user_id``; and short prompts left unkeyed."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from gateway.request.cache_keys import client_key, keys_for
+from gateway.request.exchange import ClientRequest
+from gateway.request.privacy import take_identity
+from tests.unit.factories import route
+
+FIXTURES = Path(__file__).resolve().parents[1] / "clients" / "fixtures"
+
+
+def recorded(name: str) -> tuple[dict[str, Any], list[tuple[bytes, bytes]]]:
+    fixture = json.loads((FIXTURES / name).read_text())
+    headers = [(k.lower().encode(), str(v).encode()) for k, v in fixture["headers"].items()]
+    return fixture["body"], headers
+
+
+def client(payload: dict[str, Any], prompt_tokens: int = 5000) -> ClientRequest:
+    request = ClientRequest(payload, route(("api",)), True, True, prompt_tokens * 4, prompt_tokens, None)
+    request.identity = take_identity(payload)
+    return request
+
+
+def test_codex_names_its_session_in_prompt_cache_key() -> None:
+    body, headers = recorded("codex-0.171.0-kimi-k3.json")
+    assert client_key(client(body), headers) == body["prompt_cache_key"]
+    del body["prompt_cache_key"]
+    assert client_key(client(body), headers) == "01a23c16-d788-7630-8d7d-566d1d111387"  # session-id
+
+
+def test_claude_code_names_its_session_in_its_metadata() -> None:
+    body, headers = recorded("claude_code_first_turn.json")
+    assert client_key(client(body), headers) == "00000000-0000-4000-8000-000000000000"
+
+
+def test_a_session_header_names_it_for_other_clients() -> None:
+    headers = [(b"x-claude-code-session-id", b"abc")]
+    assert client_key(client({"messages": []}), headers) == "abc"
+    assert client_key(client({"messages": []}), []) is None
+
+
+def test_a_short_prompt_is_not_keyed() -> None:
+    messages = [{"role": "user", "content": "hello " * 100}]
+    assert not keys_for(client({"messages": messages}, prompt_tokens=150), [], 4.0).hashes
+    assert keys_for(client({"messages": messages * 40}, prompt_tokens=6000), [], 4.0).hashes
