@@ -71,7 +71,7 @@ async def test_what_one_replica_measures_the_other_decides_on() -> None:
     assert seen.samples == 5 and seen.ttft_p95_s == pytest.approx(2.5)
     assert seen.decode_tokens_per_s == pytest.approx(measured.decode_tokens_per_s)
     assert seen.learned_completion_tokens("kimi-k3") == pytest.approx(401)
-    assert two.fleet.report() == {"replicas_heard": ["r0"], "attempts_merged": 5}
+    assert two.fleet.report() == {"replicas_heard": ["r0"], "attempts_merged": 5, "prefixes_merged": 0}
     await sync(one, two)
     assert two.stats.view("b300").samples == 5, "each attempt is merged once"
 
