@@ -68,6 +68,8 @@ def _text_chars(content: Any) -> int:
 
 
 def _sample(text: str) -> int:
+    """CRC-32 of the text's first and last ``SAMPLE_CHARS`` characters: with its length beside it, what
+    sets one message apart (templated tasks differ at the head, conversations' own words at the end)."""
     if len(text) > 2 * SAMPLE_CHARS:
         text = text[:SAMPLE_CHARS] + text[-SAMPLE_CHARS:]
     try:
@@ -83,7 +85,7 @@ def _signature(message: Any) -> int:
         return 0
     content = message.get("content")
     if type(content) is str:
-        return hash((len(content), _sample(content), message.get("role") == "system"))
+        return hash((len(content), _sample(content)))
     if isinstance(content, list) and content:
         last = content[-1]
         text = last if isinstance(last, str) else last.get("text") if isinstance(last, dict) else None
@@ -125,8 +127,12 @@ def prompt_keys(
         return PromptKeys((), (), client_key)
     # The first boundary (the system prompt alone) is keyed by itself: shared by every conversation.
     first_message = messages[0]
-    first = _signature(first_message)
-    chars = _chars_of(first_message)
+    content = first_message.get("content") if type(first_message) is dict else None
+    if type(content) is str:  # the common case, inline: a system prompt's text
+        chars = len(content)
+        first = hash((chars, _sample(content)))
+    else:
+        first, chars = _signature(first_message), _text_chars(content)
     if count == 1:
         return PromptKeys((math.ceil(chars / chars_per_token),), (hash((1, chars, first)),), client_key)
     # The second (the task) identifies the conversation: every later key is chained to it.
@@ -159,11 +165,21 @@ def prompt_keys(
 def _held(shelf: _Shelf, keys: PromptKeys, now: float) -> int:
     horizon = now - shelf.ttl_s
     found = 0
-    # Longest first, at C speed: most lookups end at the first key (held) or after a run of misses.
-    for entry in filter(None, map(shelf.entries.get, reversed(keys.hashes))):
-        if entry[1] >= horizon:
+    entries, hashes = shelf.entries, keys.hashes
+    # The conversation's first turn (the second key) is touched by every record of it and evicted after
+    # its later keys (``record`` inserts the longest first): a backend without it holds at most the
+    # system prompt, found in two probes instead of one per key.
+    gate = entries.get(hashes[1]) if len(hashes) > 2 else None
+    if len(hashes) > 2 and (gate is None or gate[1] < horizon):
+        entry = entries.get(hashes[0])
+        if entry is not None and entry[1] >= horizon:
             found = entry[0]
-            break
+    else:
+        # Longest first, at C speed: most lookups end at the first key.
+        for entry in filter(None, map(entries.get, reversed(hashes))):
+            if entry[1] >= horizon:
+                found = entry[0]
+                break
     client_key = keys.client_key
     if client_key is not None and found <= keys.ends[min(FIRST_BOUNDARIES, len(keys.ends)) - 1]:
         # The client says it is the same conversation, though only its first boundaries matched (its

@@ -152,6 +152,8 @@ def decide(
         if cached_map is not req.cached_tokens:
             req = RequestFeatures(req.route, prompt, max_tokens, req.stream, cached_map)
     long_prompt = prompt >= PREFILL_MIN_TOKENS
+    # Looked at once: the empty default's truthiness is a Python-level __len__, ~80 ns per candidate.
+    held = dict(cached_map) if cached_map else None
     rows: list[tuple[CompiledBackend, BackendView, Standing]] = []
     eligible: list[int] = []
     keys: list[tuple[int, float, float, int]] = []
@@ -170,9 +172,11 @@ def decide(
         if max_tokens is not None and predicted > max_tokens:
             predicted = float(max_tokens)
         expected = expected_cost(standing.rates, prompt, predicted)
-        cached = cached_map.get(name, 0) if cached_map else 0
-        if cached and expected is not None:
-            expected -= cached_discount(backend, standing.rates, min(cached, prompt))
+        cached = 0
+        if held is not None:
+            cached = held.get(name, 0)
+            if cached and expected is not None:
+                expected -= cached_discount(backend, standing.rates, min(cached, prompt))
         cost = math.inf if expected is None else expected
         costs.append(cost)
         window = backend.context_window
