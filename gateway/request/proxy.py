@@ -322,21 +322,21 @@ SHOWN_HIT_TOKENS = 1024
 def response_headers(exchange: Exchange, content_type: str) -> list[tuple[bytes, bytes]]:
     observation = exchange.observation
     assert observation is not None
+    reason = observation.decision_reason or ""
+    expected = observation.predicted_cached_tokens
+    if expected is not None and expected >= SHOWN_HIT_TOKENS:  # it counted on a cache hit: say so
+        reason = f"{reason}; expected cache hit {expected} tokens"
     headers = [
         (b"content-type", content_type.encode()),
         (b"x-request-id", observation.request_id.encode()),
         (b"x-gateway-route", observation.route.encode()),
         (b"x-gateway-backend", (observation.backend or "").encode()),
         (b"x-gateway-upstream-model", exchange.policy.backends[observation.backend or ""].model.encode()),
-        (b"x-gateway-decision", (observation.decision_reason or "").encode()),
+        (b"x-gateway-decision", reason.encode()),
         (b"x-gateway-attempts", str(len(observation.attempts)).encode()),
     ]
-    expected = observation.predicted_cached_tokens
     if expected is not None:
         headers.append((b"x-gateway-expected-cached-tokens", str(expected).encode()))
-        if expected >= SHOWN_HIT_TOKENS:  # the decision counted on a cache hit: say so beside it
-            reason = f"{observation.decision_reason or ''}; expected cache hit {expected} tokens"
-            headers[6] = (b"x-gateway-decision", reason.encode())
     if observation.queued_s > 0:
         headers.append((b"x-gateway-queued-s", f"{observation.queued_s:.3f}".encode()))
     client = exchange.client

@@ -165,7 +165,9 @@ def test_two_replicas_keep_a_conversation_on_the_pool_replica_that_holds_its_cac
     for answer in answers[1:]:
         expected = int(answer.headers["x-gateway-expected-cached-tokens"])
         assert expected > 8000
-        assert f"expected cache hit {expected} tokens" in answer.headers["x-gateway-decision"]
+        decision = answer.headers.get_list("x-gateway-decision")
+        assert decision == [f"cheapest_within_slo; expected cache hit {expected} tokens"]
+        assert answer.headers["x-gateway-attempts"] == "1"
 
     ids = [a.headers["x-request-id"] for a in answers]
 
