@@ -27,12 +27,13 @@ from gateway.errors import GatewayError, UpstreamClientError, UpstreamError
 from gateway.ledger import row_of
 from gateway.ledger.settings import open_ledger, replica_name, resolve_ledger
 from gateway.ledger.view import LedgerView
+from gateway.measure.backend_stats import BackendView
 from gateway.measure.demand import DemandSignal
 from gateway.measure.fleet import Fleet
 from gateway.measure.health import CircuitBreaker
 from gateway.measure.probes import Prober
-from gateway.measure.signals import SignalScraper
-from gateway.measure.stats import AttemptTicket, BackendView, LiveStats
+from gateway.measure.scraper import SignalScraper
+from gateway.measure.stats import AttemptTicket, LiveStats
 from gateway.metrics import GatewayMetrics
 from gateway.metrics.capacity import CapacityCollector
 from gateway.metrics.live import MetricSources

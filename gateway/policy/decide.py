@@ -12,7 +12,7 @@ from collections.abc import Callable, Mapping
 from types import MappingProxyType
 from typing import Literal
 
-from gateway.measure.stats import BackendView
+from gateway.measure.backend_stats import BackendView
 from gateway.money.costs import expected_cost
 from gateway.policy.compiled import CompiledBackend, CompiledPolicy, CompiledRoute
 from gateway.policy.evaluate import (

@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import NamedTuple
 
-from gateway.measure.stats import BackendView
+from gateway.measure.backend_stats import BackendView
 from gateway.money.costs import (
     CostRates,
     cost_rates,
