@@ -16,7 +16,7 @@ import os
 import random
 import time
 from collections import Counter, deque
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -27,7 +27,7 @@ from gateway.errors import GatewayError, UpstreamClientError, UpstreamError
 from gateway.ledger import row_of
 from gateway.ledger.settings import open_ledger, replica_name, resolve_ledger
 from gateway.ledger.view import LedgerView
-from gateway.measure.backend_stats import BackendView
+from gateway.measure.backend_stats import backend_state
 from gateway.measure.demand import DemandSignal
 from gateway.measure.fleet import Fleet
 from gateway.measure.health import CircuitBreaker
@@ -397,15 +397,3 @@ class Runtime:
             self.demand.finished(observation.route, final.usage.completion_tokens)
         for listener in self.request_listeners:
             listener(observation)
-
-
-def backend_state(view: BackendView, scraped: Mapping[str, object] | None) -> str:
-    """One word for /ready: "ok", "booting", "down" (health check failing), "circuit_open", or
-    "unknown" (its health check has not answered yet)."""
-    if view.booting:
-        return "booting"
-    if scraped is not None and scraped.get("healthy") is None:
-        return "unknown"
-    if not view.healthy:
-        return "down"
-    return "ok" if view.circuit != "open" else "circuit_open"

@@ -55,6 +55,18 @@ class BackendView:
         return self.completion_tokens_by_route.get(route)
 
 
+def backend_state(view: BackendView, scraped: Mapping[str, object] | None) -> str:
+    """One word for /ready: "ok", "booting", "down" (health check failing), "circuit_open", or
+    "unknown" (its health check has not answered yet)."""
+    if view.booting:
+        return "booting"
+    if scraped is not None and scraped.get("healthy") is None:
+        return "unknown"
+    if not view.healthy:
+        return "down"
+    return "ok" if view.circuit != "open" else "circuit_open"
+
+
 class Owner(Protocol):
     """The settings a backend's stats read from the ``LiveStats`` that holds them."""
 
