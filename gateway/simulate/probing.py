@@ -6,6 +6,7 @@ would. Their cost is left out of the run's spend, as the ledger keeps probes apa
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -47,7 +48,7 @@ class SimProber:
         self._plan = ProbePlan()
         self._plan.set_backends(policy.backends, policy.tuning.probes.on_start)
         self._inflight: dict[str, ProbeFlight] = {}
-        self.sent = 0
+        self.sent: Counter[str] = Counter()  # probes sent, by backend
 
     def start(self) -> None:
         # Even with probes off: the bars it keeps let users' answers end a slow spell, as in the gateway.
@@ -69,7 +70,7 @@ class SimProber:
         flight = ProbeFlight(due, ticket, Attempt(backend=name, started_at=now, probe=True))
         job = flight.job = Job(PROBE_PROMPT_TOKENS, due.max_tokens, flight)
         self._inflight[name] = flight
-        self.sent += 1
+        self.sent[name] += 1
         self._models[name].submit(job)
         self._timeline.schedule(now + due.backend.timeouts.first_byte_s, self._timeout, flight, job)
 
