@@ -225,11 +225,12 @@ def through_gateway(
             statuses = asyncio.run(_send_all(gateway.base_url, work.requests, time_scale, faults))
     conn = sqlite3.connect(tmp / "l.sqlite3")
     rows = conn.execute("SELECT backend, cost_usd, ttft_s, status, cost_basis FROM requests").fetchall()
-    probes = Counter(b for (b,) in conn.execute("SELECT backend FROM probes"))
+    probe_rows = conn.execute("SELECT backend, cost_usd, cost_basis FROM probes").fetchall()
     conn.close()
     ok = [r for r in rows if r[3] == "ok"]
     answered = Counter(r[0] for r in ok)
-    api = sum(r[1] for r in ok if r[4] == "per_token")
+    # The paid API's bill: users' requests and probes (the simulator counts both).
+    api = sum(r[1] for r in ok if r[4] == "per_token") + sum(r[1] for r in probe_rows if r[2] == "per_token")
     pools = (62.93 + 20.09) * work.duration_s / 3600.0
     return {
         "requests": len(rows),
@@ -239,7 +240,7 @@ def through_gateway(
         "total_cost_usd": pools + api,
         "ttft_p95_s": quantile(sorted(r[2] for r in ok if r[2] is not None), 0.95),
         "share": {name: count / len(ok) for name, count in answered.items()},
-        "probes": dict(probes),
+        "probes": dict(Counter(r[0] for r in probe_rows)),
     }
 
 
