@@ -40,9 +40,9 @@ SPELL_ADDED_TTFT_MS = 4000.0
 # filled until its p95 crosses the SLO, and whether it takes one more burst turns on hundredths of a
 # second. Both sides play that cycle alike (their timelines match step by step), but one run of either
 # is a draw: 120 s ramp with the spell, B300 share 34-38% and TTFT p95 2.7-2.8 or 3.2-3.6 s over 20
-# simulator seeds, 26-42% and 2.65-3.2 s over 10 gateway runs (means 36.4% and 36.7%). The probes-on
-# comparison therefore gives the pool its real seats (``declared_seats``); ``--probes --spell`` alone
-# runs the undeclared one.
+# simulator seeds, 20-42% and 2.4-3.5 s over 15 gateway runs (the lowest with the machine busy). The
+# probes-on comparison therefore gives the pool its real seats (``declared_seats``); ``--probes
+# --spell`` alone runs the undeclared one.
 PROBES_OFF = "tuning: {probes: {enabled: false}}\n"
 # Long answers from the emulators; each request's max_tokens sets its real length.
 OVERRIDES: dict[str, dict[str, Any]] = {
