@@ -1,9 +1,11 @@
 """The fidelity comparison: one seeded ramp sent through the real gateway against three emulated pools
 over HTTP, and through the simulator, with the same profiles and policy; both summarized alike.
 
-``python -m tests.simulate.fidelity 300 [--probes] [--spell] [--declared-seats]`` runs a longer version
-and prints both sides (``--spell``: the B300 pool slowed by 4 s for a fifth of the run; ``--probes``:
-probes on; ``--declared-seats``: the policy gives the pool its 8 seats as ``max_concurrency``).
+``python -m tests.simulate.fidelity 300 [RUNS] [--probes] [--spell] [--declared-seats]`` runs a longer
+version and prints both sides (``--spell``: the B300 pool slowed by 4 s for a fifth of the run;
+``--probes``: probes on; ``--declared-seats``: the policy gives the pool its 8 seats as
+``max_concurrency``); with ``RUNS`` over 1, the gateway that many times and the simulator over as many
+seeds, one line each: the spread a single comparison draws from.
 """
 
 from __future__ import annotations
@@ -271,7 +273,20 @@ def main() -> None:
     probes, with_spell = "--probes" in sys.argv, "--spell" in sys.argv
     declared = "--declared-seats" in sys.argv
     duration = float(args[0]) if args else 120.0
+    runs = int(args[1]) if len(args) > 1 else 1
     work = workload(duration, with_spell=with_spell)
+    if runs > 1:  # the spread: the gateway run ``runs`` times, the simulator over as many seeds
+        for side in ("gateway", "simulator"):
+            for i in range(runs):
+                with tempfile.TemporaryDirectory() as tmp:
+                    if side == "gateway":
+                        got = through_gateway(work, Path(tmp), probes=probes, declared_seats=declared)
+                    else:
+                        got = through_simulator(work, Path(tmp), probes, declared, seed=7 + i)
+                share = got["share"].get("b300-vllm", 0.0)
+                print(f"{side:>9} {i}: b300 share {share:.3f}  ttft p95 {got['ttft_p95_s']:.2f} s  "
+                      f"total ${got['total_cost_usd']:.3f}", flush=True)  # fmt: skip
+        return
     with tempfile.TemporaryDirectory() as tmp:
         real = through_gateway(work, Path(tmp), probes=probes, declared_seats=declared)
         sim = through_simulator(work, Path(tmp), probes=probes, declared_seats=declared)
