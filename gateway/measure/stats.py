@@ -174,7 +174,7 @@ class LiveStats:
         while routes exclude it, users' answers from the traffic that still reaches it count toward
         its recovery as probes do."""
         stats = self._stats(backend)
-        stats.spell.bar, stats.spell.needed = bar, recovery_probes
+        stats.spell.set_bar(bar, recovery_probes, self.clock())
 
     def circuit(self, backend: str) -> CircuitBreaker:
         return self._stats(backend).breaker
