@@ -1,8 +1,9 @@
 """The objects one gateway process shares, built once at start-up: policy, backends, stats, store.
 
-Handlers reach it through ``request.app.state.runtime``; nothing lives in module globals. A request
-(an ``Exchange``) talks to it through a few verbs (decide, admit, attempt_finished, settle), each
-handed the exchange's own policy snapshot, so stats, costs, the ledger and metrics plug in here.
+Handlers reach it through ``request.app.state.runtime``; nothing lives in module globals. The request
+path sits above it and calls down through a few verbs (decide, admit, attempt_finished, settle), each
+handed plain values (the request's own policy snapshot, its observation, its reservations), so stats,
+costs, the ledger and metrics plug in here without this module knowing the request path's objects.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ import os
 import random
 import time
 from collections import Counter, deque
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -26,28 +27,28 @@ from gateway.errors import GatewayError, UpstreamClientError, UpstreamError
 from gateway.ledger import row_of
 from gateway.ledger.settings import open_ledger, replica_name, resolve_ledger
 from gateway.ledger.view import LedgerView
+from gateway.measure.backend_stats import backend_state
 from gateway.measure.demand import DemandSignal
 from gateway.measure.fleet import Fleet
 from gateway.measure.health import CircuitBreaker
-from gateway.measure.prefix_index import NO_KEYS, PrefixIndex, PromptKeys
+from gateway.measure.prefix_index import NO_KEYS, PromptKeys
+from gateway.measure.prefixes import Prefixes
 from gateway.measure.probes import Prober
-from gateway.measure.signals import SignalScraper
-from gateway.measure.stats import AttemptTicket, BackendView, LiveStats
+from gateway.measure.scraper import SignalScraper
+from gateway.measure.stats import AttemptTicket, LiveStats
 from gateway.metrics import GatewayMetrics
 from gateway.metrics.capacity import CapacityCollector
 from gateway.metrics.live import MetricSources
 from gateway.metrics.routing import RoutingCollector
-from gateway.money.budgets import Budgets
+from gateway.money.budgets import Budgets, Reservation
 from gateway.money.costs import attempt_cost
-from gateway.money.ratelimit import RateLimits
+from gateway.money.ratelimit import HeldTokens, RateLimits
 from gateway.money.spend import SpendTally, seed_tally
 from gateway.policy.compiled import CompiledPolicy, CompiledRoute
 from gateway.policy.decide import Decision, DecisionMemo, RequestFeatures, decide
-from gateway.policy.evaluate import EMPTY_MAPPING
 from gateway.request.admission import InFlight
 from gateway.request.auth import ApiKey, AuthenticationFailed, PermissionDenied, authenticate
 from gateway.request.drain import Drain
-from gateway.request.exchange import Exchange
 from gateway.request.observation import Attempt, Observation, Usage
 from gateway.request.waiting import WaitingRoom, retry_after_seconds
 from gateway.store import open_store
@@ -120,15 +121,22 @@ class Runtime:
         self.budgets = Budgets(self.store)
         self.rate_limits = RateLimits(self.store)
         # Where each backend likely holds a prompt's prefix (cache-aware routing), shared by the fleet.
-        self.prefix_index = PrefixIndex(self._prefix_ttl_s, self._prefix_capacity_tokens)
+        self.prefixes = Prefixes(lambda: self.policy, clock)
         self.fleet: Fleet | None = None
         if self.store.shared:
             interval = self.policy.store.sync_interval_s
-            self.fleet = Fleet(
-                self.stats, self.store, lambda: self.policy, clock, interval, self.prefix_index
-            )
+            self.fleet = Fleet(self.stats, self.store, lambda: self.policy, clock, interval, self.prefixes)
         self.waiting = WaitingRoom(clock)
-        self.probes = Prober(self)
+        self.probes = Prober(
+            lambda: self.policy,
+            self.stats,
+            self.backends,
+            self.ledger,
+            self.fleet,
+            clock,
+            wall_clock,
+            self.rate_limited,
+        )
         self.metrics = GatewayMetrics(
             MetricSources(
                 policy=lambda: self.policy,
@@ -141,7 +149,8 @@ class Runtime:
                 wall_clock=wall_clock,
             )
         )
-        self.metrics.registry.register(RoutingCollector(self))
+        routing = RoutingCollector(self.probes.sent, lambda: self.policy, self.stats, self.waiting, clock)
+        self.metrics.registry.register(routing)
         # Arrivals per route feed the desired-replicas signal an autoscaler reads (gateway advise's model).
         self.demand = DemandSignal(clock)
         self.metrics.registry.register(CapacityCollector(self.demand, lambda: self.policy, self.stats))
@@ -153,14 +162,6 @@ class Runtime:
     @property
     def policy(self) -> CompiledPolicy:
         return self.policy_source.current
-
-    def _prefix_ttl_s(self, backend: str) -> float:
-        compiled = self.policy.backends.get(backend)
-        return 300.0 if compiled is None else compiled.prefix_cache_ttl_s
-
-    def _prefix_capacity_tokens(self, backend: str) -> int:
-        compiled = self.policy.backends.get(backend)
-        return 1 << 40 if compiled is None else compiled.prefix_cache_capacity_tokens
 
     async def start(self) -> None:
         await self.store.start()
@@ -177,7 +178,7 @@ class Runtime:
             subscribe(lambda policy: loop.call_soon_threadsafe(self.scraper.set_backends, policy.backends))
             subscribe(lambda policy: loop.call_soon_threadsafe(self.probes.set_backends, policy.backends))
             subscribe(lambda policy: self.metrics.policy_installed(self.wall_clock()))
-            subscribe(lambda policy: loop.call_soon_threadsafe(self.prefix_index.reconfigure))
+            subscribe(lambda policy: loop.call_soon_threadsafe(self.prefixes.index.reconfigure))
         if watch is not None:
             self._tasks.append(loop.create_task(watch(self._policy_poll_s)))
         if self.fleet is not None:
@@ -241,10 +242,7 @@ class Runtime:
         stream: bool,
         keys: PromptKeys = NO_KEYS,
     ) -> Decision:
-        cached = (
-            self.prefix_index.expected_cached_many(route.backends, keys, self.clock()) if keys.hashes else {}
-        )
-        features = RequestFeatures(route.name, prompt_tokens, max_tokens, stream, cached or EMPTY_MAPPING)
+        features = self.prefixes.features(route, prompt_tokens, max_tokens, stream, keys)
         snapshot = self.stats.snapshot(route.backends)
         return decide(features, route, policy, snapshot, self.rng, self._decision_memo)
 
@@ -267,28 +265,24 @@ class Runtime:
     ) -> Decision:
         """The decision a request would get now, without the exploration draw and without sending it;
         with ``cache_key``, for the next turn of that conversation (what its client key says is held)."""
-        cached: dict[str, int] = {}
-        if cache_key:
-            keys = PromptKeys((prompt_tokens,), (), cache_key)
-            cached = self.prefix_index.expected_cached_many(route.backends, keys, self.clock())
-        features = RequestFeatures(route.name, prompt_tokens, max_tokens, True, cached or EMPTY_MAPPING)
+        features = self.prefixes.features(route, prompt_tokens, max_tokens, True, cache_key=cache_key)
         return decide(features, route, self.policy, self.stats.snapshot(route.backends), NeverExplore())
 
     def allows(self, backend: str) -> bool:
         """A fallback re-checks the circuit: it may have opened since the decision."""
         return self.stats.allows_request(backend)
 
-    def attempt_finished(self, exchange: Exchange, attempt: Attempt, ticket: AttemptTicket) -> None:
+    def attempt_finished(
+        self, policy: CompiledPolicy, observation: Observation, attempt: Attempt, ticket: AttemptTicket
+    ) -> None:
         """One attempt ended: it teaches the live stats (and the fleet) and adds its cost."""
-        observation = exchange.observation
-        assert observation is not None
         self.stats.attempt_finished(ticket, attempt, observation.route)
         self.waiting.notify()
         if self.fleet is not None:
             self.fleet.attempt_finished(attempt, observation.route)
         if attempt.usage is not None:
             if attempt.cost_usd is None:
-                self._price(exchange, attempt, attempt.usage)
+                self._price(policy, attempt, attempt.usage)
             observation.cost_usd = (observation.cost_usd or 0.0) + (attempt.cost_usd or 0.0)
             observation.cost_basis = attempt.cost_basis
             if attempt.prefill_cost_usd is not None:
@@ -296,16 +290,18 @@ class Runtime:
                     observation.prefill_cost_usd or 0.0
                 ) + attempt.prefill_cost_usd
 
-    def cost_so_far(self, exchange: Exchange, attempt: Attempt, usage: Usage) -> tuple[float, str | None]:
+    def cost_so_far(
+        self, policy: CompiledPolicy, observation: Observation, attempt: Attempt, usage: Usage
+    ) -> tuple[float, str | None]:
         """What the request has cost with ``attempt`` at its final ``usage``, for the client's usage
         object; the attempt keeps that price, so the ledger says the same."""
-        observation = exchange.observation
-        assert observation is not None
-        self._price(exchange, attempt, usage, streaming=True)
+        self._price(policy, attempt, usage, streaming=True)
         return (observation.cost_usd or 0.0) + (attempt.cost_usd or 0.0), attempt.cost_basis
 
-    def _price(self, exchange: Exchange, attempt: Attempt, usage: Usage, *, streaming: bool = False) -> None:
-        backend = exchange.policy.backends[attempt.backend]
+    def _price(
+        self, policy: CompiledPolicy, attempt: Attempt, usage: Usage, *, streaming: bool = False
+    ) -> None:
+        backend = policy.backends[attempt.backend]
         if backend.pool_price is None:  # a list price: what the pool has measured does not matter
             cost = attempt_cost(backend, usage, None)
             attempt.cost_usd, attempt.cost_basis, attempt.prefill_cost_usd = cost.usd, cost.basis, None
@@ -325,38 +321,48 @@ class Runtime:
         origin = "upstream" if isinstance(error, (UpstreamError, UpstreamClientError)) else "gateway"
         self.errors_returned[(origin, error.code or error.type)] += 1
 
-    async def admit(self, exchange: Exchange) -> tuple[str, ...]:
+    async def admit(
+        self,
+        policy: CompiledPolicy,
+        route: CompiledRoute,
+        observation: Observation,
+        decision: Decision,
+        prompt_tokens: int,
+    ) -> tuple[tuple[str, ...], Reservation | None, HeldTokens | None]:
         """Reserve the request's predicted cost against its budgets and charge its key's rate limits,
-        in one step of the store; returns the backends it may try. The exchange holds what was
-        reserved until it settles."""
-        observation, decision, policy = exchange.observation, exchange.decision, exchange.policy
-        assert observation is not None and decision is not None and exchange.client is not None
+        in one step of the store; returns the backends it may try and what was reserved, which the
+        request holds until it settles (nothing is held when this raises)."""
         if not self.store.health.serving:
             raise self.store.health.unavailable()
-        charges = self.rate_limits.charges(observation, exchange.client.prompt_tokens, decision, policy)
-        order, verdict, exchange.budget = await self.budgets.admit(
-            observation, exchange.client.route, decision, policy, self.wall_clock(), charges
+        charges = self.rate_limits.charges(observation, prompt_tokens, decision, policy)
+        order, verdict, budget = await self.budgets.admit(
+            observation, route, decision, policy, self.wall_clock(), charges
         )
         if verdict.status == "limited":
             raise self.rate_limits.refused(verdict, charges, observation.api_key_name or "")
-        exchange.tokens = self.rate_limits.held(charges, verdict)
         self.demand.arrived(observation.route)
-        return order
+        return order, budget, self.rate_limits.held(charges, verdict)
 
     def rate_limited(self, backend: str, retry_after: str | None) -> None:
         """An upstream 429: pause ``backend`` until its Retry-After (backpressure, not a failure)."""
         self.stats.pause(backend, self.clock() + retry_after_seconds(retry_after, self.wall_clock()))
 
-    async def wait_for_candidate(self, exchange: Exchange) -> tuple[str, ...]:
+    async def wait_for_candidate(
+        self,
+        policy: CompiledPolicy,
+        route: CompiledRoute,
+        observation: Observation,
+        features: RequestFeatures,
+        deadline: float,
+        keys: PromptKeys = NO_KEYS,
+    ) -> Decision:
         """No candidate can take the request now (all full or rate-limited): wait in the route's queue
-        for the first that frees, within the route's bound; past it ``BackendsBusy`` (429)."""
-        client, observation = exchange.client, exchange.observation
-        assert client is not None and observation is not None
-        route, policy = client.route, exchange.policy
+        for the first that frees, within the route's bound and by ``deadline``; past it ``BackendsBusy``
+        (429). Returns the new decision."""
 
         def redecide() -> Decision:
             return self.decide(
-                policy, route, client.prompt_tokens, client.max_tokens, client.stream, client.keys
+                policy, route, features.prompt_tokens, features.max_tokens, features.stream, keys
             )
 
         def retry_after_s() -> float:
@@ -364,17 +370,12 @@ class Runtime:
             return min((p for p in paused if p > 0), default=1.0)
 
         decision, waited = await self.waiting.wait(
-            route,
-            exchange.started_at + route.fallback.deadline_s,
-            route.waiting.max_wait_s - observation.queued_s,
-            redecide,
-            retry_after_s,
+            route, deadline, route.waiting.max_wait_s - observation.queued_s, redecide, retry_after_s
         )
         observation.queued_s += waited
-        exchange.decision, exchange.order = decision, decision.order
         observation.decision_reason = f"{decision.reason}_after_wait"
         observation.expected_cost_usd = decision.expected_cost_usd
-        return decision.order
+        return decision
 
     async def _start_spend(self) -> None:
         await self.ledger.start()
@@ -382,28 +383,21 @@ class Runtime:
         await asyncio.to_thread(seed_tally, self.spend, self.ledger.database, self.wall_clock())
         await self.budgets.seed(self.ledger.database, self.wall_clock())
 
-    def _remember_prefix(self, exchange: Exchange, observation: Observation) -> None:
-        """The backend that answered holds this prompt now: the index (and the fleet's) learns it, and
-        what it reported cached teaches the index its cache's lifetime."""
-        client, final = exchange.client, observation.final
-        if client is None or not client.keys.hashes or final is None or final.status != "ok":
-            return
-        usage = final.usage
-        reported = usage.cached_prompt_tokens if usage is not None and usage.cached_reported else None
-        self.prefix_index.record(final.backend, client.keys, self.clock(), reported)
-        if self.fleet is not None:
-            self.fleet.prefix_recorded(final.backend, client.keys)
-
-    def settle(self, exchange: Exchange) -> None:
+    def settle(
+        self,
+        policy: CompiledPolicy,
+        observation: Observation,
+        budget: Reservation | None,
+        tokens: HeldTokens | None,
+        keys: PromptKeys = NO_KEYS,
+    ) -> None:
         """Close the books on a finished request: its reservations, ledger row, live spend, metrics."""
-        observation = exchange.observation
-        assert observation is not None
         started_wall = self.wall_clock() - (self.clock() - observation.started_at)
-        self.budgets.settle(exchange.budget, observation, started_wall)
-        self.rate_limits.settle(exchange.tokens, observation)
-        self._remember_prefix(exchange, observation)
-        backend = exchange.policy.backends.get(observation.backend or "")
-        reserved = None if exchange.budget is None else exchange.budget.amount
+        self.budgets.settle(budget, observation, started_wall)
+        self.rate_limits.settle(tokens, observation)
+        self.prefixes.remember(keys, observation)
+        backend = policy.backends.get(observation.backend or "")
+        reserved = None if budget is None else budget.amount
         row = row_of(
             observation, started_wall, None if backend is None else backend.model, reserved, self.replica
         )
@@ -417,15 +411,3 @@ class Runtime:
             self.demand.finished(observation.route, final.usage.completion_tokens)
         for listener in self.request_listeners:
             listener(observation)
-
-
-def backend_state(view: BackendView, scraped: Mapping[str, object] | None) -> str:
-    """One word for /ready: "ok", "booting", "down" (health check failing), "circuit_open", or
-    "unknown" (its health check has not answered yet)."""
-    if view.booting:
-        return "booting"
-    if scraped is not None and scraped.get("healthy") is None:
-        return "unknown"
-    if not view.healthy:
-        return "down"
-    return "ok" if view.circuit != "open" else "circuit_open"

@@ -25,7 +25,7 @@ FAST_TESTS=(
   tests/hardening/test_hostile_input.py tests/hardening/test_openapi.py
   tests/hardening/test_one_read_stream.py
   tests/test_exchange.py tests/test_bad_input.py tests/test_no_cycles.py
-  tests/test_readme.py tests/test_import_graph.py
+  tests/test_readme.py tests/test_import_graph.py tests/test_request_walk.py
   --ignore=tests/emulator/test_emulate_command.py --ignore=tests/simulate/test_command.py
   --ignore=tests/backends/test_litellm.py
 )

@@ -29,7 +29,8 @@ from starlette.routing import Mount, Route
 
 from gateway.api import admin, dashboard
 from gateway.app import create_app
-from gateway.cli import build_parser, cmd_emulate, cmd_serve
+from gateway.cli import build_parser
+from gateway.commands import cmd_emulate, cmd_serve
 from gateway.emulator import PROFILES, create_emulator_app
 from gateway.policy.load import load_policy
 from gateway.policy.reload import PolicyHolder

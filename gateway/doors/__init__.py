@@ -8,15 +8,55 @@ shapes errors as its clients expect. The OpenAI doors translate nothing, at no c
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Protocol
+from dataclasses import dataclass, field
+from typing import Any, Protocol
 
 from starlette.responses import Response
 
 from gateway.errors import GatewayError
-from gateway.policy.compiled import CompiledPolicy
+from gateway.measure.prefix_index import NO_KEYS, PromptKeys
+from gateway.policy.compiled import CompiledPolicy, CompiledRoute
+from gateway.request.observation import Observation
 
-if TYPE_CHECKING:
-    from gateway.request.exchange import ClientRequest, Exchange
+
+@dataclass(slots=True)
+class ClientRequest:
+    """What the client asked for, parsed once."""
+
+    payload: dict[str, Any]
+    route: CompiledRoute
+    stream: bool
+    wants_usage: bool
+    prompt_chars: int
+    prompt_tokens: int  # estimated from its characters, before any upstream counted them
+    max_tokens: int | None
+    # The client's identifying fields, taken out of ``payload`` (request/privacy.py): they go upstream
+    # only to a backend with ``forward_user: true``.
+    identity: dict[str, Any] = field(default_factory=dict)
+    # What the door left out or changed (a hosted tool dropped, say), said in ``x-gateway-notes``;
+    # the backend's own notes (``backends.chat_shape``) are those of the attempt that answered.
+    notes: tuple[str, ...] = ()
+    upstream_notes: tuple[str, ...] = ()
+    cache_key: str | None = None  # the client's prompt-cache key (Responses ``prompt_cache_key``)
+    keys: PromptKeys = NO_KEYS  # the prompt's keys for the prefix index (request/cache_keys.py)
+    door_state: Any = None  # what the door needs again to answer in its dialect (its own type)
+
+
+class Answering(Protocol):
+    """What a door reads of the request it answers (the request path's ``Exchange``): the doors sit
+    below the request path and never import it."""
+
+    @property
+    def client(self) -> ClientRequest | None: ...
+
+    @property
+    def request_id(self) -> str: ...
+
+    @property
+    def policy(self) -> CompiledPolicy: ...
+
+    @property
+    def observation(self) -> Observation | None: ...
 
 
 class StreamTranslator(Protocol):
@@ -39,11 +79,11 @@ class Door(Protocol):
         """The client's request, validated, with the payload to send upstream; InvalidRequest if bad."""
         ...
 
-    def render_answer(self, raw: bytes, exchange: Exchange) -> bytes:
+    def render_answer(self, raw: bytes, exchange: Answering) -> bytes:
         """A whole upstream answer in the door's dialect."""
         ...
 
-    def stream_translator(self, exchange: Exchange) -> StreamTranslator | None:
+    def stream_translator(self, exchange: Answering) -> StreamTranslator | None:
         """None when the stream goes through as the upstream sent it."""
         ...
 

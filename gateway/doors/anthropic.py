@@ -22,8 +22,7 @@ from gateway.errors import GatewayError, InvalidRequest
 from gateway.policy.compiled import CompiledPolicy
 
 if TYPE_CHECKING:
-    from gateway.doors import StreamTranslator
-    from gateway.request.exchange import ClientRequest, Exchange
+    from gateway.doors import Answering, ClientRequest, StreamTranslator
 
 # Messages fields with a chat-completions name of their own; the rest of theirs has no equivalent.
 RENAMED = {"stop_sequences": "stop", "temperature": "temperature", "top_p": "top_p"}
@@ -42,11 +41,11 @@ class AnthropicDoor:
         client.notes = tuple(notes)
         return client
 
-    def render_answer(self, raw: bytes, exchange: Exchange) -> bytes:
+    def render_answer(self, raw: bytes, exchange: Answering) -> bytes:
         assert exchange.client is not None
         return orjson.dumps(message_of(orjson.loads(raw), exchange.client.route.name))
 
-    def stream_translator(self, exchange: Exchange) -> StreamTranslator:
+    def stream_translator(self, exchange: Answering) -> StreamTranslator:
         assert exchange.client is not None
         client = exchange.client
         return MessagesStream(client.route.name, client.prompt_tokens, exchange.request_id)

@@ -8,14 +8,14 @@ from typing import TYPE_CHECKING, Any
 from starlette.responses import Response
 
 from gateway.api.responses import error_response
+from gateway.doors import ClientRequest
 from gateway.doors.openai import json_object, route_of
 from gateway.errors import GatewayError, InvalidRequest
 from gateway.policy.compiled import CompiledPolicy
 from gateway.request.dialect import estimate_tokens
 
 if TYPE_CHECKING:
-    from gateway.doors import StreamTranslator
-    from gateway.request.exchange import ClientRequest, Exchange
+    from gateway.doors import Answering, StreamTranslator
 
 TOKEN_IDS_CHARS = 4  # a token id given instead of text stands for about one token's characters
 
@@ -25,7 +25,6 @@ class EmbeddingsDoor:
     upstream_path = "/embeddings"
 
     def parse(self, body: bytes, policy: CompiledPolicy, chars_per_token: float) -> ClientRequest:
-        from gateway.request.exchange import ClientRequest
 
         payload = json_object(body)
         route = route_of(payload.get("model"), policy)
@@ -42,10 +41,10 @@ class EmbeddingsDoor:
             max_tokens=1,  # nothing is generated: the decision prices the input alone
         )
 
-    def render_answer(self, raw: bytes, exchange: Exchange) -> bytes:
+    def render_answer(self, raw: bytes, exchange: Answering) -> bytes:
         return raw
 
-    def stream_translator(self, exchange: Exchange) -> StreamTranslator | None:
+    def stream_translator(self, exchange: Answering) -> StreamTranslator | None:
         return None
 
     def error_response(self, error: GatewayError) -> Response:

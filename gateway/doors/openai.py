@@ -11,14 +11,14 @@ import orjson
 from starlette.responses import Response
 
 from gateway.api.responses import error_response
+from gateway.doors import ClientRequest
 from gateway.errors import GatewayError, InvalidRequest, MalformedBody, ModelNotFound
 from gateway.policy.compiled import CompiledPolicy, CompiledRoute
 from gateway.request.dialect import estimate_tokens, prompt_chars
 from gateway.request.streaming import error_event
 
 if TYPE_CHECKING:
-    from gateway.doors import StreamTranslator
-    from gateway.request.exchange import ClientRequest, Exchange
+    from gateway.doors import Answering, StreamTranslator
 
 
 class OpenAIDoor:
@@ -29,7 +29,6 @@ class OpenAIDoor:
         self.upstream_path = "/chat/completions" if name == "chat" else "/completions"
 
     def parse(self, body: bytes, policy: CompiledPolicy, chars_per_token: float) -> ClientRequest:
-        from gateway.request.exchange import ClientRequest
 
         payload = json_object(body)
         route = route_of(payload.get("model"), policy)
@@ -61,12 +60,12 @@ class OpenAIDoor:
             max_tokens=max_tokens,
         )
 
-    def render_answer(self, raw: bytes, exchange: Exchange) -> bytes:
+    def render_answer(self, raw: bytes, exchange: Answering) -> bytes:
         """The upstream's bytes as they came, answering with the model the client asked for."""
         renamer = model_renamer(exchange)
         return raw if renamer is None else renamer.translate(raw)
 
-    def stream_translator(self, exchange: Exchange) -> StreamTranslator | None:
+    def stream_translator(self, exchange: Answering) -> StreamTranslator | None:
         return model_renamer(exchange)
 
     def error_response(self, error: GatewayError) -> Response:
@@ -104,7 +103,7 @@ class ModelRenamer:
         return error_event(message, code)
 
 
-def model_renamer(exchange: Exchange) -> ModelRenamer | None:
+def model_renamer(exchange: Answering) -> ModelRenamer | None:
     observation = exchange.observation
     if observation is None or observation.backend is None:
         return None
@@ -120,7 +119,6 @@ def translated_request(
 ) -> ClientRequest:
     """A request in another door's dialect, as the chat payload ``to_chat`` makes of it. Such doors
     always want the usage chunk: their own closing events carry it."""
-    from gateway.request.exchange import ClientRequest
 
     request = json_object(body)
     route = route_of(request.get("model"), policy)

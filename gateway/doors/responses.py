@@ -23,8 +23,7 @@ from gateway.errors import GatewayError, InvalidRequest
 from gateway.policy.compiled import CompiledPolicy
 
 if TYPE_CHECKING:
-    from gateway.doors import StreamTranslator
-    from gateway.request.exchange import ClientRequest, Exchange
+    from gateway.doors import Answering, ClientRequest, StreamTranslator
 
 # Fields that would need server-side state this gateway does not keep.
 STATEFUL = ("previous_response_id", "conversation", "background")
@@ -43,13 +42,13 @@ class ResponsesDoor:
         request.door_state = state
         return request
 
-    def render_answer(self, raw: bytes, exchange: Exchange) -> bytes:
+    def render_answer(self, raw: bytes, exchange: Answering) -> bytes:
         assert exchange.client is not None
         client = exchange.client
         shell = response_shell(client.payload, client.route.name, exchange.request_id)
         return orjson.dumps(response_of(orjson.loads(raw), shell, state_of(client)))
 
-    def stream_translator(self, exchange: Exchange) -> StreamTranslator:
+    def stream_translator(self, exchange: Answering) -> StreamTranslator:
         assert exchange.client is not None
         client = exchange.client
         shell = response_shell(client.payload, client.route.name, exchange.request_id)

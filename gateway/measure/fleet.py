@@ -16,7 +16,8 @@ from typing import Any, get_args
 import orjson
 
 from gateway.measure.health import CircuitState
-from gateway.measure.prefix_index import PrefixIndex, PromptKeys
+from gateway.measure.prefix_index import PromptKeys
+from gateway.measure.prefixes import Prefixes
 from gateway.measure.stats import LiveStats
 from gateway.policy.compiled import CompiledPolicy
 from gateway.request.observation import Attempt, AttemptStatus, Usage
@@ -38,11 +39,13 @@ class Fleet:
         policy: Callable[[], CompiledPolicy],
         clock: Callable[[], float],
         interval_s: float,
-        prefix_index: PrefixIndex | None = None,
+        prefixes: Prefixes | None = None,
     ) -> None:
         self._stats = stats
         # Which backend now holds which prompt: batched with the attempts, never a round trip per request.
-        self._prefix_index = prefix_index
+        self._prefix_index = None if prefixes is None else prefixes.index
+        if prefixes is not None:
+            prefixes.recorded = self.prefix_recorded
         self._prefix_outbox: deque[tuple[str, PromptKeys, float]] = deque(maxlen=PREFIX_OUTBOX_MAX)
         self.prefixes_merged = 0
         self._store = store

@@ -16,8 +16,8 @@ from collections import deque
 from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass
 
+from gateway.measure.backend_stats import BackendView
 from gateway.measure.recovery import RecoveryBar, recovery_bar
-from gateway.measure.stats import BackendView
 from gateway.policy.compiled import CompiledBackend, CompiledPolicy
 
 PROBE_PROMPT_TOKENS = 8

@@ -12,7 +12,7 @@ import contextlib
 import itertools
 import logging
 from collections import Counter
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING
 
 import orjson
@@ -22,12 +22,15 @@ from gateway.errors import AttemptFailure
 from gateway.ledger import row_of
 from gateway.measure.probe_plan import PROBE_PROMPT_TOKENS, DueProbe, ProbePlan
 from gateway.money.costs import attempt_cost
-from gateway.policy.compiled import CompiledBackend
+from gateway.policy.compiled import CompiledBackend, CompiledPolicy
 from gateway.request.meter import StreamMeter
 from gateway.request.observation import Attempt, Observation
 
 if TYPE_CHECKING:
-    from gateway.runtime import Runtime
+    from gateway.backends import Backends
+    from gateway.ledger import Ledger
+    from gateway.measure.fleet import Fleet
+    from gateway.measure.stats import LiveStats
 
 log = logging.getLogger("gateway.probes")
 
@@ -38,8 +41,20 @@ PROBE_PROMPT = "Reply with one word."
 class Prober:
     """Sends the probes that the plan says are due, off the request path."""
 
-    def __init__(self, runtime: Runtime) -> None:
-        self._runtime = runtime
+    def __init__(
+        self,
+        policy: Callable[[], CompiledPolicy],
+        stats: LiveStats,
+        backends: Backends,
+        ledger: Ledger,
+        fleet: Fleet | None,
+        clock: Callable[[], float],
+        wall_clock: Callable[[], float],
+        rate_limited: Callable[[str, str | None], None],
+    ) -> None:
+        self._policy, self._stats, self._backends, self._ledger = policy, stats, backends, ledger
+        self._fleet, self._clock, self._wall_clock = fleet, clock, wall_clock
+        self._rate_limited = rate_limited  # an upstream 429 pauses the backend, as a user's would
         self._plan = ProbePlan()
         self._inflight: dict[str, asyncio.Task[None]] = {}
         self._ids = itertools.count(1)
@@ -47,7 +62,7 @@ class Prober:
 
     def set_backends(self, backends: Mapping[str, CompiledBackend]) -> None:
         """Follow a (re)loaded policy: backends it adds are probed once."""
-        self._plan.set_backends(backends, self._runtime.policy.tuning.probes.on_start)
+        self._plan.set_backends(backends, self._policy().tuning.probes.on_start)
 
     @property
     def idle(self) -> bool:
@@ -59,19 +74,18 @@ class Prober:
         within the SLO, or each has been probed or is down; and, in a fleet, the fleet's measurements
         have been read. True at once with start-up probes off, and ``tuning.probes.startup_timeout_s``
         after start whatever they found."""
-        runtime = self._runtime
-        if runtime.fleet is not None and not runtime.fleet.synced and not self._timed_out():
+        if self._fleet is not None and not self._fleet.synced and not self._timed_out():
             return False  # the fleet's measurements first: a joining replica starts from them
-        return self._plan.start_up_done(runtime.policy, runtime.stats.view, runtime.clock())
+        return self._plan.start_up_done(self._policy(), self._stats.view, self._clock())
 
     def start_up_waiting_for(self) -> list[str]:
         """The routes with an SLO that have no candidate measured within it and one not yet probed."""
-        return self._plan.start_up_waiting_for(self._runtime.policy, self._runtime.stats.view)
+        return self._plan.start_up_waiting_for(self._policy(), self._stats.view)
 
     def _timed_out(self) -> bool:
         started = self._plan.started_at
-        timeout = self._runtime.policy.tuning.probes.startup_timeout_s
-        return started is not None and self._runtime.clock() - started >= timeout
+        timeout = self._policy().tuning.probes.startup_timeout_s
+        return started is not None and self._clock() - started >= timeout
 
     async def run(self) -> None:
         while True:
@@ -90,20 +104,19 @@ class Prober:
                 await task
 
     def tick(self) -> None:
-        runtime = self._runtime
+        policy, stats = self._policy(), self._stats
         loop = asyncio.get_running_loop()
-        needed = runtime.policy.tuning.probes.recovery_probes
-        for name, bar in self._plan.bars(runtime.policy, runtime.stats.view).items():
-            runtime.stats.set_recovery_bar(name, bar, needed)
-        for due in self._plan.due(runtime.policy, runtime.stats.view, runtime.clock(), self._inflight):
+        needed = policy.tuning.probes.recovery_probes
+        for name, bar in self._plan.bars(policy, stats.view).items():
+            stats.set_recovery_bar(name, bar, needed)
+        for due in self._plan.due(policy, stats.view, self._clock(), self._inflight):
             name = due.backend.name
             self._inflight[name] = loop.create_task(self._probe(due), name=f"probe:{name}")
 
     async def _probe(self, due: DueProbe) -> None:
-        runtime = self._runtime
         backend = due.backend
-        settings = runtime.policy.tuning.probes
-        stats = runtime.stats
+        settings = self._policy().tuning.probes
+        stats = self._stats
         ticket = stats.attempt_started(backend.name, probe=True)
         attempt = Attempt(backend=backend.name, started_at=ticket.started_at, probe=True)
         try:
@@ -112,24 +125,23 @@ class Prober:
             attempt.status = "timeout" if exc.kind == "timeout" else "upstream_error"
             attempt.error, attempt.http_status = exc.message, exc.http_status
             if exc.http_status == 429:
-                runtime.rate_limited(backend.name, exc.retry_after)
+                self._rate_limited(backend.name, exc.retry_after)
         except asyncio.CancelledError:
             attempt.status = "cancelled"
             raise
         finally:
             if attempt.finished_at is None:
-                attempt.finished_at = runtime.clock()
+                attempt.finished_at = self._clock()
             stats.probe_finished(ticket, attempt, settings.recovery_probes, settings.recovery_ratio, due.bar)
             self._inflight.pop(backend.name, None)
             self._plan.finished(backend.name, stats.recovering(backend.name))
-            if runtime.fleet is not None:  # what it measured, the whole fleet (and who joins it) knows
-                runtime.fleet.attempt_finished(attempt, "")
+            if self._fleet is not None:  # what it measured, the whole fleet (and who joins it) knows
+                self._fleet.attempt_finished(attempt, "")
             outcome = "ok" if attempt.status == "ok" else "failed"
             self.sent[backend.name, outcome] += 1
             self._record(backend, attempt)
 
     async def _send(self, backend: CompiledBackend, attempt: Attempt, max_tokens: int) -> None:
-        runtime = self._runtime
         body = orjson.dumps(
             {
                 "model": backend.model,
@@ -141,23 +153,22 @@ class Prober:
         )
         wait_s = backend.timeouts.first_byte_s
         call = UpstreamCall(backend, "/chat/completions", body, True, wait_s)
-        upstream = await runtime.backends.client_for(backend).open(call)
+        upstream = await self._backends.client_for(backend).open(call)
         meter = StreamMeter(attempt, client_wants_usage=False, prompt_tokens=PROBE_PROMPT_TOKENS)
         try:
             async with asyncio.timeout(wait_s):
                 async for data in upstream.chunks():
-                    meter.feed(data, runtime.clock())
+                    meter.feed(data, self._clock())
         except TimeoutError:
             raise AttemptFailure("timeout", f"{backend.name}: probe took over {wait_s:g}s") from None
         finally:
             upstream.close()
-        meter.finish(runtime.clock())
+        meter.finish(self._clock())
         if attempt.ttft_s is None:
             raise AttemptFailure("dropped", f"{backend.name}: probe answered no token")
 
     def _record(self, backend: CompiledBackend, attempt: Attempt) -> None:
         """The probe's ledger row: on no route and no key, with what it cost."""
-        runtime = self._runtime
         observation = Observation(
             request_id=f"probe-{next(self._ids)}",
             route="",
@@ -171,12 +182,12 @@ class Prober:
         if attempt.status != "ok":
             observation.status, observation.error_type = "error", attempt.status
         if attempt.usage is not None:
-            view = runtime.stats.view(backend.name)
+            view = self._stats.view(backend.name)
             cost = attempt_cost(
                 backend, attempt.usage, view.aggregate_tokens_per_s, view.prefill_tokens_per_s
             )
             observation.cost_usd, observation.cost_basis = cost.usd, cost.basis
             if backend.token_prices is not None:
-                self._plan.paid(runtime.clock(), cost.usd)
-        started_wall = runtime.wall_clock() - (runtime.clock() - attempt.started_at)
-        runtime.ledger.append_probe(row_of(observation, started_wall, backend.model, None))
+                self._plan.paid(self._clock(), cost.usd)
+        started_wall = self._wall_clock() - (self._clock() - attempt.started_at)
+        self._ledger.append_probe(row_of(observation, started_wall, backend.model, None))

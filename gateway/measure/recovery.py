@@ -78,15 +78,24 @@ class SpellWatch:
     """One backend's answers in a row within its bar: after ``needed`` of them the slow spell is over
     from the first one's sending on (``over_at``); attempts started before then belong to the spell."""
 
-    __slots__ = ("_speeds", "bar", "needed", "over_at", "since", "streak")
+    __slots__ = ("_speeds", "bar", "excluded_since", "needed", "over_at", "since", "streak")
 
     def __init__(self) -> None:
         self.bar = NOT_EXCLUDED  # what an answer must show while routes exclude the backend
         self.needed = 2
+        # When routes began to exclude the backend: a user's attempt sent before then was sent to a
+        # backend they still took, and says nothing about whether what made them leave is over.
+        self.excluded_since = -math.inf
         self.since: float | None = None  # when the first answer of the streak was sent
         self.streak = 0
         self._speeds: list[float] = []  # decode speeds the streak measured, when a route asks for speed
         self.over_at = -math.inf
+
+    def set_bar(self, bar: RecoveryBar, needed: int, now: float) -> None:
+        """The prober's current bar (``now`` on the stats' clock): an exclusion begins when it turns on."""
+        if bar.excluded and not self.bar.excluded:
+            self.excluded_since = now
+        self.bar, self.needed = bar, needed
 
     @property
     def recovering(self) -> bool:
@@ -96,8 +105,8 @@ class SpellWatch:
         """A user's answer (another route's traffic) counts like a probe while the backend is excluded."""
         if attempt.probe or not self.bar.excluded or attempt.status not in ("ok", "timeout"):
             return None
-        if attempt.started_at < self.over_at:
-            return None
+        if attempt.started_at < max(self.over_at, self.excluded_since):
+            return None  # from the spell, or in flight when the routes left: not a new measurement
         return self.answered(attempt, self.bar, None, 1.0, self.needed, attempt.started_at)
 
     def answered(

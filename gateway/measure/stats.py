@@ -1,22 +1,18 @@
-"""Live per-backend measurements from real traffic (this replica's, and the fleet's merged in): time-
-decayed TTFT quantiles, speeds, error rates. Decisions read cheap frozen ``BackendView`` snapshots.
+"""Live per-backend measurements from real traffic (this replica's, and the fleet's merged in), fed by
+the request path, the signal scraper, health checks and probes. Each backend's own measurements and the
+frozen ``BackendView`` snapshots that decisions read are ``backend_stats.py``'s.
 """
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass, field
-from types import MappingProxyType
+from dataclasses import dataclass
 
-from gateway.measure.decayed import DecayedMean, DecayedSamples
-from gateway.measure.health import CircuitBreaker, CircuitState, is_backend_failure
-from gateway.measure.recovery import NOT_EXCLUDED, RecoveryBar, SpellWatch
+from gateway.measure.backend_stats import BackendStats, BackendView
+from gateway.measure.health import CircuitBreaker, CircuitState
+from gateway.measure.recovery import NOT_EXCLUDED, RecoveryBar
 from gateway.measure.signals import LoadSignals
 from gateway.request.observation import Attempt
-
-_NO_ROUTES: Mapping[str, float] = MappingProxyType({})
-PREFILL_MIN_TOKENS = 8000  # uncached prompt tokens from which an attempt's TTFT is mostly prefill
 
 
 @dataclass(frozen=True, slots=True)
@@ -26,255 +22,6 @@ class AttemptTicket:
     backend: str
     started_at: float
     probe: bool  # the one request a half-open circuit lets through
-
-
-@dataclass(frozen=True, slots=True)
-class BackendView:
-    """What a decision may know about one backend at one moment; never changes once built."""
-
-    name: str
-    samples: int = 0  # TTFT samples in the window; 0 means unmeasured
-    last_sample_at: float | None = None
-    ttft_p50_s: float | None = None
-    ttft_p95_s: float | None = None
-    first_answer_p50_s: float | None = None
-    first_answer_p95_s: float | None = None
-    decode_tokens_per_s: float | None = None  # per stream
-    aggregate_tokens_per_s: float | None = None  # whole pool, while busy
-    busy_concurrency: float = 1.0  # average streams while busy, at least 1
-    service_time_s: float | None = None  # mean duration of a successful attempt
-    inflight: int = 0
-    error_rate: float = 0.0
-    timeout_rate: float = 0.0
-    circuit: CircuitState = "closed"
-    accepts_requests: bool = True  # circuit closed, or half-open with its probe slot free
-    healthy: bool = True
-    booting: bool = False
-    signals: LoadSignals | None = None  # None when never scraped or stale
-    paused_until: float | None = None  # an upstream 429's Retry-After: no attempt before then
-    prefill_tokens_per_s: float | None = None  # prompt tokens processed per second (long prompts)
-    probes: int = 0  # synthetic probes this backend has answered (gateway/probes.py)
-    last_probe_at: float | None = None
-    last_user_sample_at: float | None = None  # the newest TTFT sample of a user's request
-    completion_tokens_by_route: Mapping[str, float] = field(default_factory=lambda: _NO_ROUTES)
-
-    def learned_completion_tokens(self, route: str) -> float | None:
-        return self.completion_tokens_by_route.get(route)
-
-
-class _BackendStats:
-    """Mutable measurements of one backend; builds a fresh view only when something changed."""
-
-    def __init__(self, name: str, owner: LiveStats, breaker: CircuitBreaker) -> None:
-        half_life, window = owner.half_life_s, owner.window
-        self.name = name
-        self.owner = owner
-        self.breaker = breaker
-        self.ttft = DecayedSamples(window, half_life)
-        self.first_answer = DecayedSamples(window, half_life)
-        self.decode_tps = DecayedMean(half_life)
-        self.service_time = DecayedMean(half_life)
-        self.errors = DecayedMean(half_life)
-        self.timeouts = DecayedMean(half_life)
-        self.signal_running = DecayedMean(half_life)
-        self.prefill_tps = DecayedMean(half_life)
-        self.paused_until: float | None = None
-        self.probes = 0
-        self.last_probe_at: float | None = None
-        self.last_user_sample_at: float | None = None
-        self.spell = SpellWatch()  # a slow spell's end, from answers within the excluding routes' SLOs
-        self.completion_tokens: dict[str, DecayedMean] = {}
-        self.healthy = True
-        self.booting = False
-        self.signals: LoadSignals | None = None
-        self.last_sample_at: float | None = None
-        # In-flight accounting: an exact running integral, and a decayed one over busy time only.
-        self.inflight = 0
-        self.probing = 0  # of ``inflight``, synthetic probes: they hold a slot but decode nothing
-        self.remote_inflight = 0  # other replicas' attempts in flight, as they last said
-        self.inflight_seconds = 0.0
-        self.busy_area = 0.0
-        self.busy_time = 0.0
-        self.integrated_at = owner.clock()
-        # View cache: quantiles are the only costly part, so they are recomputed at most every
-        # ``refresh_s``; everything else is rebuilt whenever it changed.
-        self.quantiles: tuple[float | None, ...] = (None, None, None, None)
-        self.summarized_samples = 0
-        self.summarized_at = -math.inf
-        self.samples_pending = False
-        self.changed = True
-        self.next_check_at = -math.inf
-        self.cached_view: BackendView | None = None
-
-    def integrate(self, now: float) -> None:
-        elapsed = now - self.integrated_at
-        if elapsed <= 0:
-            return
-        self.inflight_seconds += self.inflight * elapsed
-        decay = 0.5 ** (elapsed / self.owner.half_life_s)
-        self.busy_area *= decay
-        self.busy_time *= decay
-        fleet = self.inflight - self.probing + self.remote_inflight
-        if fleet > 0:
-            self.busy_area += fleet * elapsed
-            self.busy_time += elapsed
-        self.integrated_at = now
-
-    def record(self, attempt: Attempt, route: str, now: float) -> None:
-        ttft, first_answer = attempt.ttft_s, attempt.first_answer_s
-        from_spell = attempt.started_at < self.spell.over_at
-        if from_spell:
-            ttft = first_answer = None
-        if attempt.status == "timeout" and attempt.duration_s is not None:
-            # A timeout is a lower bound on the latency: count it, or a hanging backend looks fast.
-            ttft = ttft if ttft is not None else attempt.duration_s
-            first_answer = first_answer if first_answer is not None else attempt.duration_s
-        if ttft is not None:
-            self.ttft.add(now, ttft)
-            self.last_sample_at = now
-            self.samples_pending = True
-            if not attempt.probe:
-                self.last_user_sample_at = now
-        if first_answer is not None:
-            self.first_answer.add(now, first_answer)
-            self.samples_pending = True
-        failed = is_backend_failure(attempt)
-        if failed is not None:
-            self.errors.add(now, 1.0 if failed else 0.0)
-            self.timeouts.add(now, 1.0 if attempt.status == "timeout" else 0.0)
-        if attempt.probe:
-            self.probes += 1
-            self.last_probe_at = now
-            return  # a one-token probe teaches TTFT and health, not speeds or output lengths
-        if attempt.status == "ok":
-            usage = attempt.usage
-            if usage is not None and ttft is not None and ttft > 0:
-                uncached = usage.prompt_tokens - usage.cached_prompt_tokens
-                if uncached >= PREFILL_MIN_TOKENS:  # short prompts: TTFT is mostly overhead
-                    self.prefill_tps.add(now, uncached / ttft)
-            tps = None if from_spell else attempt.decode_tokens_per_s
-            if tps is not None:
-                self.decode_tps.add(now, tps)
-            if attempt.duration_s is not None:
-                self.service_time.add(now, attempt.duration_s)
-            if attempt.usage is not None:
-                mean = self.completion_tokens.get(route)
-                if mean is None:
-                    mean = self.completion_tokens[route] = DecayedMean(self.owner.half_life_s)
-                mean.add(now, attempt.usage.completion_tokens)
-
-    def user_answered(self, attempt: Attempt) -> None:
-        """A user's answer from a backend that routes exclude counts toward its recovery like a probe."""
-        self.judge_recovery(self.spell.user_answered(attempt))
-
-    def judge_recovery(self, over_at: float | None) -> None:
-        """When the spell is over (``over_at``, from ``SpellWatch``), the samples from before it stop
-        counting; the decode speed is what the answers that ended it measured."""
-        self.changed = True
-        if over_at is None:
-            return
-        self.ttft.forget_before(over_at + 1e-9)  # a sample recorded as the first answer left is old
-        self.first_answer.forget_before(over_at + 1e-9)
-        speeds = self.spell.take_speeds()
-        if speeds:
-            self.decode_tps = DecayedMean(self.owner.half_life_s)
-            for speed in speeds:
-                self.decode_tps.add(self.owner.clock(), speed)
-        self.summarized_at = -math.inf
-        self.samples_pending = True
-
-    def busy_concurrency(self, now: float) -> float:
-        """Average streams while busy, counting the current stretch; other clients' via signals."""
-        area, busy = self.busy_area, self.busy_time
-        elapsed = now - self.integrated_at
-        if elapsed > 0:
-            decay = 0.5 ** (elapsed / self.owner.half_life_s)
-            area, busy = area * decay, busy * decay
-            fleet = self.inflight - self.probing + self.remote_inflight
-            if fleet > 0:
-                area += fleet * elapsed
-                busy += elapsed
-        own = area / busy if busy > 0 else 1.0
-        concurrency = max(own, self.signal_running.value or 1.0, 1.0)
-        # Requests queued behind a full llama.cpp server are in flight but not decoding.
-        slots = self.signals.slots_total if self.signals is not None else None
-        return min(concurrency, float(slots)) if slots else concurrency
-
-    def summarize(self, now: float) -> None:
-        """Refresh the latency quantiles from the samples, at most once per ``refresh_s``."""
-        if self.samples_pending and (
-            now - self.summarized_at >= self.owner.refresh_s or self.summarized_samples == 0
-        ):
-            self.quantiles = (self.ttft.quantiles(0.5, 0.95) or (None, None)) + (
-                self.first_answer.quantiles(0.5, 0.95) or (None, None)
-            )
-            self.summarized_samples = len(self.ttft)
-            self.summarized_at = now
-            self.samples_pending = False
-
-    def view(self, now: float) -> BackendView:
-        if self.cached_view is not None and not self.changed and now < self.next_check_at:
-            return self.cached_view
-        self.summarize(now)
-        signals = self.signals
-        stale_at = math.inf
-        if signals is not None:
-            stale_at = signals.scraped_at + self.owner.signals_stale_after_s
-            if now >= stale_at:
-                signals, stale_at = None, math.inf
-        decode = self.decode_tps.value
-        concurrency = self.busy_concurrency(now)
-        self.cached_view = BackendView(
-            name=self.name,
-            samples=self.summarized_samples,
-            last_sample_at=self.last_sample_at,
-            ttft_p50_s=self.quantiles[0],
-            ttft_p95_s=self.quantiles[1],
-            first_answer_p50_s=self.quantiles[2],
-            first_answer_p95_s=self.quantiles[3],
-            decode_tokens_per_s=decode,
-            aggregate_tokens_per_s=None if decode is None else decode * concurrency,
-            busy_concurrency=concurrency,
-            service_time_s=self.service_time.value,
-            inflight=self.inflight + self.remote_inflight,
-            error_rate=self.errors.value or 0.0,
-            timeout_rate=self.timeouts.value or 0.0,
-            circuit=self.breaker.state,
-            accepts_requests=self.breaker.allows_request(),
-            healthy=self.healthy,
-            booting=self.booting,
-            signals=signals,
-            paused_until=self.paused_until
-            if self.paused_until is not None and self.paused_until > now
-            else None,
-            prefill_tokens_per_s=self.prefill_tps.value,
-            probes=self.probes,
-            last_probe_at=self.last_probe_at,
-            last_user_sample_at=self.last_user_sample_at,
-            completion_tokens_by_route=MappingProxyType(
-                {
-                    route: mean.value
-                    for route, mean in self.completion_tokens.items()
-                    if mean.value is not None
-                }
-            ),
-        )
-        self.changed = False
-        # The next moment this view may go out of date with nothing fed in: a circuit's cooldown
-        # ends, signals go stale, pending samples are due, or busy concurrency drifts.
-        next_check = stale_at
-        refresh_s = self.owner.refresh_s
-        half_open_at = self.breaker.half_open_at
-        if half_open_at is not None and half_open_at > now:
-            next_check = min(next_check, half_open_at)
-        if self.paused_until is not None and self.paused_until > now:
-            next_check = min(next_check, self.paused_until)
-        if self.samples_pending:
-            next_check = min(next_check, self.summarized_at + refresh_s)
-        if self.inflight + self.remote_inflight > 0:
-            next_check = min(next_check, now + refresh_s)
-        self.next_check_at = next_check
-        return self.cached_view
 
 
 class LiveStats:
@@ -299,12 +46,12 @@ class LiveStats:
         self.refresh_s = refresh_s
         self.signals_stale_after_s = signals_stale_after_s
         self._make_breaker = make_breaker
-        self._backends: dict[str, _BackendStats] = {}
+        self._backends: dict[str, BackendStats] = {}
 
-    def _stats(self, backend: str) -> _BackendStats:
+    def _stats(self, backend: str) -> BackendStats:
         stats = self._backends.get(backend)
         if stats is None:
-            stats = self._backends[backend] = _BackendStats(backend, self, self._make_breaker(self.clock))
+            stats = self._backends[backend] = BackendStats(backend, self, self._make_breaker(self.clock))
         return stats
 
     def attempt_started(self, backend: str, *, probe: bool = False) -> AttemptTicket:
@@ -427,7 +174,7 @@ class LiveStats:
         while routes exclude it, users' answers from the traffic that still reaches it count toward
         its recovery as probes do."""
         stats = self._stats(backend)
-        stats.spell.bar, stats.spell.needed = bar, recovery_probes
+        stats.spell.set_bar(bar, recovery_probes, self.clock())
 
     def circuit(self, backend: str) -> CircuitBreaker:
         return self._stats(backend).breaker

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from gateway.measure.stats import BackendView
+from gateway.measure.backend_stats import BackendView
 from gateway.policy.compiled import CompiledBackend
 
 AFFINITY_MIN_SHARE = 0.5  # of the prompt, held by one replica beyond what every one of them holds ...

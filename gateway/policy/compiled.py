@@ -28,10 +28,10 @@ from gateway.policy.schema import (
     SystemMessages,
     Thinking,
     Timeouts,
-    Tuning,
     Waiting,
     WhenInfeasible,
 )
+from gateway.policy.tuning import Tuning
 from gateway.request.auth import ApiKey
 
 

@@ -12,7 +12,7 @@ from collections.abc import Callable, Mapping
 from types import MappingProxyType
 from typing import Literal
 
-from gateway.measure.stats import PREFILL_MIN_TOKENS, BackendView
+from gateway.measure.backend_stats import PREFILL_MIN_TOKENS, BackendView
 from gateway.money.costs import cached_discount, expected_cost
 from gateway.policy.affinity import by_load_groups, load_share
 from gateway.policy.compiled import CompiledBackend, CompiledPolicy, CompiledRoute

@@ -10,7 +10,7 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import NamedTuple
 
-from gateway.measure.stats import PREFILL_MIN_TOKENS, BackendView
+from gateway.measure.backend_stats import PREFILL_MIN_TOKENS, BackendView
 from gateway.money.costs import (
     CostRates,
     cached_discount,

@@ -32,6 +32,7 @@ from gateway.policy.document import (
     parse,
 )
 from gateway.policy.reach import ReachProblem, api_key, clean, tls_context
+from gateway.policy.tuning import Tuning
 from gateway.request.auth import ApiKey
 
 __all__ = ["PolicyError", "PolicyFileUnreadable", "Problem", "compile_policy_bytes", "load_policy"]
@@ -212,7 +213,7 @@ def _unused_backend_warnings(policy: schema.PolicyFile, doc: Document) -> list[P
 
 
 def _compile_backend(
-    name: str, backend: schema.Backend, environ: Mapping[str, str], tuning: schema.Tuning, base_dir: Path
+    name: str, backend: schema.Backend, environ: Mapping[str, str], tuning: Tuning, base_dir: Path
 ) -> CompiledBackend:
     signals = backend.signals
     for field in ("metrics_url", "slots_url", "health_url"):

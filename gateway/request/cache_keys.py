@@ -11,8 +11,8 @@ from typing import Any
 
 import orjson
 
+from gateway.doors import ClientRequest
 from gateway.measure.prefix_index import NO_KEYS, PromptKeys, prompt_keys
-from gateway.request.exchange import ClientRequest
 
 SESSION_HEADERS = frozenset((b"session-id", b"x-session-id", b"x-claude-code-session-id"))
 MAX_KEY_CHARS = 128  # a client key longer than this is cut: it names a conversation, nothing more

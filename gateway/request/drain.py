@@ -11,10 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from typing import TYPE_CHECKING
-
-if TYPE_CHECKING:
-    from gateway.request.exchange import Exchange
+from typing import Protocol
 
 log = logging.getLogger("gateway")
 SHUTDOWN_CODE = "gateway_shutting_down"
@@ -23,19 +20,31 @@ UNANSWERED_MESSAGE = "the gateway is restarting: no answer began within its grac
 SETTLE_S = 5.0  # how long streams told to end get to send their error event and settle
 
 
+class Open(Protocol):
+    """A request in flight, as a stop sees it (the request path's ``Exchange``; the runtime that owns the
+    drain sits below the request path and never imports it)."""
+
+    @property
+    def response_ended(self) -> bool: ...
+
+    def fail(self, error_type: str) -> None: ...
+
+    def stop(self) -> None: ...
+
+
 class Drain:
     """What a stop in progress means for requests: whether it began, and the streams it must wait for."""
 
     def __init__(self) -> None:
         self.draining = False  # /ready answers 503 from now on
         self.ended = False  # the grace period is over: open streams are being ended
-        self.streams: set[Exchange] = set()  # every request in flight, streamed or not
+        self.streams: set[Open] = set()  # every request in flight, streamed or not
         self._none_open: asyncio.Event | None = None  # made in the loop, when a drain begins
 
-    def opened(self, exchange: Exchange) -> None:
+    def opened(self, exchange: Open) -> None:
         self.streams.add(exchange)
 
-    def closed(self, exchange: Exchange) -> None:
+    def closed(self, exchange: Open) -> None:
         self.streams.discard(exchange)
         if not self.streams and self._none_open is not None:
             self._none_open.set()

@@ -10,47 +10,23 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Awaitable, Callable, MutableMapping
-from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from gateway.backends import Upstream, UpstreamCall
-from gateway.measure.prefix_index import NO_KEYS, PromptKeys
+from gateway.doors import ClientRequest, Door
+from gateway.measure.prefix_index import NO_KEYS
 from gateway.measure.stats import AttemptTicket
-from gateway.policy.compiled import CompiledPolicy, CompiledRoute
-from gateway.policy.decide import Decision
+from gateway.policy.compiled import CompiledPolicy
+from gateway.policy.decide import Decision, RequestFeatures
 from gateway.request.auth import ApiKey
-from gateway.request.observation import Attempt, Observation
+from gateway.request.observation import Attempt, Observation, Usage
 
 if TYPE_CHECKING:
-    from gateway.doors import Door
     from gateway.money.budgets import Reservation
     from gateway.money.ratelimit import HeldTokens
     from gateway.runtime import Runtime
 
 Receive = Callable[[], Awaitable[MutableMapping[str, Any]]]
-
-
-@dataclass(slots=True)
-class ClientRequest:
-    """What the client asked for, parsed once."""
-
-    payload: dict[str, Any]
-    route: CompiledRoute
-    stream: bool
-    wants_usage: bool
-    prompt_chars: int
-    prompt_tokens: int  # estimated from its characters, before any upstream counted them
-    max_tokens: int | None
-    # The client's identifying fields, taken out of ``payload`` (request/privacy.py): they go upstream
-    # only to a backend with ``forward_user: true``.
-    identity: dict[str, Any] = field(default_factory=dict)
-    # What the door left out or changed (a hosted tool dropped, say), said in ``x-gateway-notes``;
-    # the backend's own notes (``backends.chat_shape``) are those of the attempt that answered.
-    notes: tuple[str, ...] = ()
-    upstream_notes: tuple[str, ...] = ()
-    cache_key: str | None = None  # the client's prompt-cache key (Responses ``prompt_cache_key``)
-    keys: PromptKeys = NO_KEYS  # the prompt's keys for the prefix index (request/cache_keys.py)
-    door_state: Any = None  # what the door needs again to answer in its dialect (its own type)
 
 
 class Exchange:
@@ -179,7 +155,38 @@ class Exchange:
         attempt, ticket = current
         if attempt.finished_at is None:
             attempt.finished_at = self.runtime.clock()
-        self.runtime.attempt_finished(self, attempt, ticket)
+        self.runtime.attempt_finished(self.policy, self.observation, attempt, ticket)
+
+    def cost_so_far(self, attempt: Attempt, usage: Usage) -> tuple[float, str | None]:
+        """What the request has cost with ``attempt`` at its final ``usage`` (the client's usage object)."""
+        assert self.observation is not None
+        return self.runtime.cost_so_far(self.policy, self.observation, attempt, usage)
+
+    # -- admission -------------------------------------------------------------------------------
+
+    async def admit(self) -> tuple[str, ...]:
+        """Reserve the request's budget and rate limits; it holds them until it settles. Returns the
+        backends it may try."""
+        client, observation, decision = self.client, self.observation, self.decision
+        assert client is not None and observation is not None and decision is not None
+        self.order, self.budget, self.tokens = await self.runtime.admit(
+            self.policy, client.route, observation, decision, client.prompt_tokens
+        )
+        return self.order
+
+    async def wait_for_candidate(self) -> tuple[str, ...]:
+        """Wait in the route's queue for a candidate to free (``BackendsBusy`` past its bound); returns
+        the new decision's order."""
+        client, observation = self.client, self.observation
+        assert client is not None and observation is not None
+        route = client.route
+        features = RequestFeatures(route.name, client.prompt_tokens, client.max_tokens, client.stream)
+        deadline = self.started_at + route.fallback.deadline_s
+        decision = await self.runtime.wait_for_candidate(
+            self.policy, route, observation, features, deadline, client.keys
+        )
+        self.decision, self.order = decision, decision.order
+        return decision.order
 
     # -- the end ---------------------------------------------------------------------------------
 
@@ -218,4 +225,7 @@ class Exchange:
             final = observation.final
             if final is not None and final.status != "ok":
                 observation.status, observation.error_type = "error", final.status
-        self.runtime.settle(self)
+        client = self.client
+        self.runtime.settle(
+            self.policy, observation, self.budget, self.tokens, client.keys if client else NO_KEYS
+        )

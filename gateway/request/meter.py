@@ -14,7 +14,7 @@ from gateway.request.dialect import REASONING_FIELDS, counted_usage, usage_from
 from gateway.request.observation import Attempt, Usage
 
 if TYPE_CHECKING:
-    from gateway.request.resume import Transcript
+    from gateway.request.transcript import Transcript
 
 
 CORRUPT = "the stream carried an event that is not JSON (or longer than any event is)"

@@ -19,7 +19,7 @@ from starlette.types import Receive, Scope, Send
 
 from gateway.backends import UpstreamCall
 from gateway.backends.chat_shape import shaped
-from gateway.doors import Door
+from gateway.doors import ClientRequest, Door
 from gateway.errors import (
     AttemptFailure,
     BodyTimeout,
@@ -37,13 +37,14 @@ from gateway.request.auth import authorize_route
 from gateway.request.cache_keys import keys_for
 from gateway.request.dialect import insert_usage_cost, read_completion, unusable_answer
 from gateway.request.drain import SHUTDOWN_CODE, UNANSWERED_MESSAGE
-from gateway.request.exchange import ClientRequest, Exchange
+from gateway.request.exchange import Exchange
+from gateway.request.first_events import first_events
 from gateway.request.meter import StreamMeter
 from gateway.request.observation import Attempt, Observation
 from gateway.request.privacy import take_identity, user_hash, with_identity
 from gateway.request.refusals import named_in, observation_of, refuse
 from gateway.request.resume import transcript_for
-from gateway.request.streaming import StreamRelay, first_events
+from gateway.request.streaming import StreamRelay
 from gateway.request.waiting import retry_after_seconds, worth_waiting
 from gateway.runtime import Runtime
 
@@ -135,8 +136,8 @@ async def answer(exchange: Exchange, request: Request, receive: Receive) -> Resp
             raise NoRouteAvailable(
                 f"route '{client.route.name}' has no backend to take this request: {decision.reason}"
             )
-        await runtime.wait_for_candidate(exchange)  # every candidate full or rate-limited: wait
-    order = exchange.order = await runtime.admit(exchange)
+        await exchange.wait_for_candidate()  # every candidate full or rate-limited: wait
+    order = await exchange.admit()
     return await attempt_in_order(exchange, client, observation, order)
 
 
@@ -200,7 +201,7 @@ async def attempt_in_order(
                 runtime.rate_limited(name, exc.retry_after)
     if failure is not None and failure.http_status == 429:
         # Backpressure: wait for a free candidate within the route's bound (else 429, never 502).
-        order = await runtime.wait_for_candidate(exchange)
+        order = await exchange.wait_for_candidate()
         return await attempt_in_order(exchange, client, observation, order)
     exchange.fail("upstream_failed")
     raise final_error(failure, len(observation.attempts), runtime.wall_clock())
@@ -223,7 +224,7 @@ async def open_stream(exchange: Exchange, attempt: Attempt, call: UpstreamCall) 
         meter.final_usage
     ):  # a short stream's usage chunk came in its first read: priced here, not by the relay
         meter.final_usage = False
-        cost, basis = exchange.runtime.cost_so_far(exchange, attempt, meter.usage_so_far())
+        cost, basis = exchange.cost_so_far(attempt, meter.usage_so_far())
         first = insert_usage_cost(first, cost, basis)
     headers = response_headers(exchange, "text/event-stream")
     translator = exchange.door.stream_translator(exchange)

@@ -29,43 +29,15 @@ from gateway.backends import UpstreamCall
 from gateway.backends.chat_shape import shaped
 from gateway.errors import AttemptFailure
 from gateway.request.dialect import REASONING_FIELDS
+from gateway.request.first_events import first_events
 from gateway.request.meter import StreamMeter
 from gateway.request.observation import Attempt, Usage
+from gateway.request.transcript import Transcript
 
 if TYPE_CHECKING:
     from gateway.backends.base import Upstream
     from gateway.policy.compiled import CompiledBackend
     from gateway.request.exchange import Exchange
-
-
-class Transcript:
-    """What the client has been sent of one chat stream, for a backend that takes it over."""
-
-    __slots__ = ("answer", "created", "model", "reasoning", "resumable", "stream_id", "takeovers")
-
-    def __init__(self) -> None:
-        self.stream_id: str | None = None
-        self.created: Any = None
-        self.model: Any = None
-        self.answer: list[str] = []
-        self.reasoning: list[str] = []
-        self.resumable = True  # tool calls in flight cannot be continued as text
-        self.takeovers: list[dict[str, Any]] = []  # each resume, for the client's last chunk
-
-    def started(self, event: dict[str, Any]) -> None:
-        self.stream_id = event.get("id")
-        self.created = event.get("created")
-        self.model = event.get("model")
-
-    def answered(self, content: Any, tool_calls: Any) -> None:
-        if tool_calls:
-            self.resumable = False
-        elif isinstance(content, str):
-            self.answer.append(content)
-
-    def reasoned(self, text: Any) -> None:
-        if isinstance(text, str):
-            self.reasoning.append(text)
 
 
 def transcript_for(exchange: Exchange) -> Transcript | None:
@@ -94,8 +66,6 @@ class Resumed:
 async def resume_stream(exchange: Exchange, meter: StreamMeter, failure: AttemptFailure) -> Resumed | None:
     """Close the cut attempt and open the next candidate that can continue the answer; None when none
     can (not resumable, no candidate left, the deadline or the attempt limit reached, client gone)."""
-    from gateway.request.streaming import first_events  # here, not at the top: streaming imports this module
-
     transcript, client, runtime = meter.transcript, exchange.client, exchange.runtime
     observation = exchange.observation
     assert transcript is not None and client is not None and observation is not None
@@ -267,7 +237,7 @@ class ContinuedEvents:
         if self._wants_usage:
             usage = self._meter.usage_so_far()
             chunk["usage"] = usage_json([*(a.usage for a in self._earlier), usage])
-            cost, basis = self._exchange.runtime.cost_so_far(self._exchange, self._attempt, usage)
+            cost, basis = self._exchange.cost_so_far(self._attempt, usage)
             chunk["usage"]["cost"], chunk["usage"]["cost_basis"] = round(cost, 10), basis or ""
         return chunk
 

@@ -12,7 +12,6 @@ import contextlib
 from collections.abc import Awaitable, Callable, MutableMapping
 from typing import TYPE_CHECKING, Any
 
-from gateway.backends import UpstreamCall
 from gateway.backends.base import Upstream
 from gateway.errors import AttemptFailure, error_bytes
 from gateway.request.connection import DirectBody, direct_body
@@ -34,33 +33,6 @@ STREAM_ERROR_CODES = {"timeout": "upstream_timeout", "upstream_error": "upstream
 Clock = Callable[[], float]
 Send = Callable[[dict[str, Any]], Awaitable[None]]
 Receive = Callable[[], Awaitable[MutableMapping[str, Any]]]
-
-
-async def first_events(upstream: Upstream, meter: StreamMeter, call: UpstreamCall, clock: Clock) -> bytes:
-    """Read a new stream until its first complete event: until then a failure can still go elsewhere."""
-    first = b""
-
-    def take(data: bytes) -> bool:
-        nonlocal first
-        first = meter.feed(data, clock())
-        return not first and meter.failure(call.backend.name) is None
-
-    try:
-        async with asyncio.timeout(call.wait_s):
-            while not first:
-                ended = await upstream.push(take)
-                # Broken before the client saw a byte (its first read may hold tokens, then an error
-                # event): the whole answer can still come from elsewhere.
-                broken = meter.failure(call.backend.name)
-                if broken is not None:
-                    raise broken
-                if ended and not first:
-                    raise AttemptFailure(
-                        "dropped", f"{call.backend.name}: stream ended before its first event"
-                    )
-    except TimeoutError:
-        raise AttemptFailure("timeout", f"{call.backend.name}: no first token in {call.wait_s:g}s") from None
-    return first
 
 
 def error_event(message: str, code: str) -> bytes:
@@ -214,7 +186,7 @@ class StreamRelay:
             if meter.final_usage:  # once per stream: the usage the client asked for, priced
                 meter.final_usage = False
                 usage = meter.usage_so_far()
-                cost, basis = self._exchange.runtime.cost_so_far(self._exchange, self._attempt, usage)
+                cost, basis = self._exchange.cost_so_far(self._attempt, usage)
                 out = insert_usage_cost(out, cost, basis)
             if out:
                 out = self._outgoing(out)

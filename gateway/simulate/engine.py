@@ -16,7 +16,6 @@ from collections.abc import Callable, Coroutine
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple, Protocol, TypeVar
 
-from gateway.measure.signals import LoadSignals
 from gateway.measure.stats import AttemptTicket, LiveStats
 from gateway.money.budgets import BudgetExhausted, Budgets, Reservation
 from gateway.money.costs import SECONDS_PER_HOUR, attempt_cost
@@ -25,6 +24,7 @@ from gateway.policy.decide import Decision, DecisionMemo, RequestFeatures, decid
 from gateway.request.observation import Attempt, Observation, Usage
 from gateway.simulate.backends import BackendModel, FailureKind, Job
 from gateway.simulate.probing import ProbeFlight, SimProber
+from gateway.simulate.scraping import SimScraper
 from gateway.simulate.timeline import Timeline
 from gateway.simulate.waiting import SimWaitingRoom
 from gateway.simulate.workload import Fault, SimRequest, Workload, backend_profile
@@ -115,11 +115,13 @@ class Simulation:
             profile = backend_profile(workload.backends.get(name), backend.dialect)
             backend_rng = random.Random(seed * 1_000_003 + zlib.crc32(name.encode()))
             self.models[name] = BackendModel(name, profile, self.timeline, backend_rng, self)
+        self.scraper = SimScraper(
+            policy, self.stats, self.timeline, self.models, lambda: not self._end_of_run
+        )
         self.prober = SimProber(policy, self.stats, self.timeline, self.models, lambda: not self._end_of_run)
         self.waiting = SimWaitingRoom(self.timeline, self._decide, self._admit, self._busy)
         self.outcomes: list[Outcome] = []
         self.budget_exhausted_at: dict[str, float] = {}
-        self._health: dict[str, tuple[bool, bool]] = {}
         self._api_spend: dict[str, float] = {}
         self._end_of_run = False
         self._request_ids = itertools.count()
@@ -133,10 +135,7 @@ class Simulation:
         timeline = self.timeline
         for fault in self.workload.faults:
             self._schedule_fault(fault)
-        for name, backend in self.policy.backends.items():
-            signals = backend.signals
-            if signals.metrics_url or signals.slots_url or signals.health_url:
-                timeline.schedule(0.0, self._scrape, name, signals.interval_s)
+        self.scraper.start()
         self.prober.start()
         requests = self.workload.requests
         steps = 100
@@ -162,6 +161,8 @@ class Simulation:
         }
         api = {name: 0.0 for name, b in self.policy.backends.items() if b.pool_price is None}
         api.update(self._api_spend)
+        for name, usd in self.prober.spent_usd.items():  # the bill pays for probes too
+            api[name] = api.get(name, 0.0) + usd
         outcomes = sorted(self.outcomes, key=lambda o: o.at)
         return RunResult(
             self.router.name, self.workload.duration_s, outcomes, pools, api, self.budget_exhausted_at
@@ -339,34 +340,7 @@ class Simulation:
     def _record_unrouted(self, req: SimRequest, error: str) -> None:
         self.outcomes.append(Outcome(req.at, req.route, None, False, None, None, 0, 0.0, False, 0, error))
 
-    # -- the world around the requests --------------------------------------------------------------
-
-    def _scrape(self, name: str, interval_s: float) -> None:
-        """What the signal scraper would read: load (vLLM/llama.cpp metrics, llama.cpp slots), health."""
-        model = self.models[name]
-        backend = self.policy.backends[name]
-        signals = backend.signals
-        now = self.timeline.now
-        if not model.down and (signals.metrics_url or signals.slots_url):
-            slots = model.profile.max_running if signals.slots_url else None
-            running = len(model.running)
-            self.stats.update_signals(
-                name,
-                LoadSignals(
-                    scraped_at=now,
-                    running=float(running),
-                    waiting=float(len(model.waiting)),
-                    slots_total=slots,
-                    slots_busy=running if slots else None,
-                ),
-            )
-        if signals.health_url:
-            health = (model.healthy, model.booting)
-            if self._health.get(name, (True, False)) != health:
-                self._health[name] = health
-                self.stats.set_health(name, *health)
-        if not self._end_of_run:
-            self.timeline.schedule(now + interval_s, self._scrape, name, interval_s)
+    # -- the world around the requests (and scraping.py) ---------------------------------------------
 
     def _schedule_fault(self, fault: Fault) -> None:
         model = self.models.get(fault.backend)

@@ -1,16 +1,19 @@
 """The gateway's synthetic probes in virtual time: the same plan (``measure/probe_plan.py``) decides which
 backend is due, each probe is a one-token job on the backend model, and its answer goes through
 ``LiveStats.probe_finished`` as the real one does, so a simulation notices a recovery when the gateway
-would. Their cost is left out of the run's spend, as the ledger keeps probes apart from requests.
+would. A paid API's probes come out of the policy's probe budget and count in the run's API spend, as
+the gateway records them (the ledger's ``probes`` table); a pool's cost nothing beyond its hours.
 """
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
 
 from gateway.measure.probe_plan import PROBE_PROMPT_TOKENS, DueProbe, ProbePlan
 from gateway.measure.stats import AttemptTicket, LiveStats
+from gateway.money.costs import attempt_cost
 from gateway.policy.compiled import CompiledPolicy
 from gateway.request.observation import Attempt, AttemptStatus, Usage
 from gateway.simulate.backends import BackendModel, Job
@@ -47,7 +50,8 @@ class SimProber:
         self._plan = ProbePlan()
         self._plan.set_backends(policy.backends, policy.tuning.probes.on_start)
         self._inflight: dict[str, ProbeFlight] = {}
-        self.sent = 0
+        self.sent: Counter[str] = Counter()  # probes sent, by backend
+        self.spent_usd: dict[str, float] = {}  # what the paid APIs' probes cost, by backend
 
     def start(self) -> None:
         # Even with probes off: the bars it keeps let users' answers end a slow spell, as in the gateway.
@@ -69,7 +73,7 @@ class SimProber:
         flight = ProbeFlight(due, ticket, Attempt(backend=name, started_at=now, probe=True))
         job = flight.job = Job(PROBE_PROMPT_TOKENS, due.max_tokens, flight)
         self._inflight[name] = flight
-        self.sent += 1
+        self.sent[name] += 1
         self._models[name].submit(job)
         self._timeline.schedule(now + due.backend.timeouts.first_byte_s, self._timeout, flight, job)
 
@@ -90,7 +94,14 @@ class SimProber:
         attempt.ttft_s = first - attempt.started_at
         attempt.decode_s = now - first
         attempt.token_chunks = job.output_tokens
-        attempt.usage = Usage(PROBE_PROMPT_TOKENS, job.output_tokens, 0)
+        attempt.usage = usage = Usage(PROBE_PROMPT_TOKENS, job.output_tokens, 0)
+        name = attempt.backend
+        backend = self._policy.backends[name]
+        if backend.token_prices is not None:
+            view = self._stats.view(name)
+            usd = attempt_cost(backend, usage, view.aggregate_tokens_per_s, view.prefill_tokens_per_s).usd
+            self._plan.paid(now, usd)
+            self.spent_usd[name] = self.spent_usd.get(name, 0.0) + usd
         self._end(flight, "ok")
 
     def failed(self, job: Job, http_status: int | None) -> None:

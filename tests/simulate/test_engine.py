@@ -11,9 +11,10 @@ import pytest
 from gateway.emulator import PROFILES
 from gateway.simulate.backends import BackendModel as Model
 from gateway.simulate.backends import FailureKind, Job
+from gateway.simulate.engine import PolicyRouter, Simulation
 from gateway.simulate.timeline import Timeline
 from gateway.simulate.workload import BackendModel, Fault, WorkloadError, backend_profile
-from tests.simulate.tiny import backends, request, run, tiny_policy, ttfts
+from tests.simulate.tiny import backends, request, run, tiny_policy, tiny_workload, ttfts
 
 
 class Recorder:
@@ -139,6 +140,20 @@ def test_probes_bring_a_pool_back_after_a_slow_spell_as_the_gateway_would(
         assert back and back[0] - 60 <= 20, back[:3]
     else:
         assert not back or back[0] - 60 > 60, "without probes nothing measures the avoided pool"
+
+
+@pytest.mark.parametrize(("budget", "paid_probes"), [(0.05, 7), (0.00005, 3)])
+def test_a_paid_apis_probes_are_billed_and_stop_at_the_probe_budget(
+    tmp_path: Path, budget: float, paid_probes: int
+) -> None:
+    policy = tiny_policy(tmp_path, probes=True, probe_budget_usd_per_hour=budget)
+    # No traffic for 100 s: both candidates are probed at start-up and every 15 s (0, 15, ..., 90 s),
+    # each API probe one output token at $15 per 1M; the budget ($0.00005/h) affords three.
+    simulation = Simulation(policy, tiny_workload([], duration_s=100.0), PolicyRouter("policy"))
+    result = simulation.run()
+    assert simulation.prober.sent == {"pool": 7, "api": paid_probes}
+    assert result.api_usd["api"] == pytest.approx(paid_probes * 15e-6)
+    assert result.pool_hour_usd["pool"] == pytest.approx(36 * 100 / 3600), "a pool's probes cost nothing more"
 
 
 @pytest.mark.parametrize(("max_wait_s", "second"), [(10, "ok"), (0.5, "backends_busy"), (0, "backends_busy")])

@@ -29,7 +29,12 @@ API = BackendModel(
 
 
 def tiny_policy(
-    tmp: Path, route_extra: str = "", pool_extra: str = "", probes: bool = False, backends: str = "pool, api"
+    tmp: Path,
+    route_extra: str = "",
+    pool_extra: str = "",
+    probes: bool = False,
+    backends: str = "pool, api",
+    probe_budget_usd_per_hour: float = 0.05,
 ) -> CompiledPolicy:
     """``pool`` costs $36/h (assumed 100 tok/s: $100 per 1M), ``api`` $15 per 1M output tokens. No
     synthetic probes unless asked: they would take the one seat by hand-worked moments."""
@@ -55,7 +60,7 @@ routes:
     slo: {{ttft_p95_ms: 1500}}
     exploration: 0
     {route_extra}
-tuning: {{probes: {{enabled: {str(probes).lower()}}}}}
+tuning: {{probes: {{enabled: {str(probes).lower()}, paid_budget_usd_per_hour: {probe_budget_usd_per_hour}}}}}
 """)
     return load_policy(path)
 

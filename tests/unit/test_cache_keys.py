@@ -8,8 +8,8 @@ import json
 from pathlib import Path
 from typing import Any
 
+from gateway.doors import ClientRequest
 from gateway.request.cache_keys import client_key, keys_for
-from gateway.request.exchange import ClientRequest
 from gateway.request.privacy import take_identity
 from tests.unit.factories import route
 

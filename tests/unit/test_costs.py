@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from gateway.measure.stats import BackendView, LiveStats
+from gateway.measure.backend_stats import BackendView
+from gateway.measure.stats import LiveStats
 from gateway.money.costs import (
     attempt_cost,
     cost_rates,

@@ -8,8 +8,9 @@ from dataclasses import replace
 
 import pytest
 
+from gateway.measure.backend_stats import BackendView
 from gateway.measure.signals import LoadSignals
-from gateway.measure.stats import BackendView, LiveStats
+from gateway.measure.stats import LiveStats
 from gateway.policy.compiled import CompiledBackend, CompiledPolicy, CompiledRoute
 from gateway.policy.decide import Decision, RequestFeatures, decide
 from gateway.policy.schema import Slo

@@ -17,9 +17,9 @@ from starlette.responses import JSONResponse, PlainTextResponse, Response
 from starlette.routing import Route
 
 from gateway.backends import Backends
+from gateway.measure.scraper import SignalScraper
 from gateway.measure.signals import (
     LoadSignals,
-    SignalScraper,
     parse_llamacpp_metrics,
     parse_llamacpp_slots,
     parse_vllm_metrics,
@@ -480,7 +480,7 @@ async def test_failed_scrapes_mark_signals_stale_log_once_and_never_raise(
     caplog: pytest.LogCaptureFixture,
     backends: Backends,
 ) -> None:
-    caplog.set_level(logging.INFO, logger="gateway.measure.signals")
+    caplog.set_level(logging.INFO, logger="gateway.measure.scraper")
     scraper = SignalScraper(sink, backends.fetch)
     backend = make_backend("llama", server.url, slots=True)
     try:
