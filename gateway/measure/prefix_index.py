@@ -1,6 +1,6 @@
 """Where a prompt's prefix is cached: per backend, the prompt prefixes it served recently, as keys
 cheap enough to compute on every request, aging out as that backend's own cache would (a TTL and a
-capacity in tokens, both adjusted by the cached tokens the backend reports).
+capacity in tokens; the TTL adjusted by the cached tokens the backend reports).
 
 Pure: no I/O and nothing from the request path, so the simulator feeds the same index in virtual time.
 
@@ -8,10 +8,12 @@ Keys. An engine's prefix cache chains a hash over every block of the prompt; has
 again here would cost ~1.5 us per message. Instead a key sits only at a message's end (where one turn's
 prompt ends and the next turn's continues), only at the first ``FIRST_BOUNDARIES`` and the last
 ``LAST_BOUNDARIES`` message ends, and each key hashes what identifies that prefix cheaply: the first
-two messages' signatures (the system prompt and the task: what tells conversations apart), the message
-count, the characters up to that end, and that message's own signature (its length and a sample of its
-text from both ends). A conversation is append-only, so the next turn's prompt carries the previous
-turn's last boundaries unchanged, and a lookup is one dict get per key. Hashes are of ints and bytes
+two messages' signatures (the system prompt and the task, each its length and a sample of its text
+from both ends: what tells conversations apart), the message count, the characters up to that end
+and that message's length. A conversation is append-only, so the next turn's prompt carries the
+previous turn's last boundaries unchanged; an edit that keeps every length (a same-length rewrite of
+an earlier message) goes unseen, which the reported cached tokens then show as the prediction's
+error. A lookup is a few dict gets (``_held``). Hashes are of ints and bytes
 only (CRC-32 of UTF-8 samples, tuples of ints), never of ``str``: Python salts ``str`` hashes per
 process, and the replicas of a gateway share these keys through the store.
 """
