@@ -182,6 +182,16 @@ def expected_cost(rates: CostRates, prompt_tokens: int, predicted_output_tokens:
     return prompt_tokens * per_prompt + predicted_output_tokens * per_output
 
 
+def cached_discount(backend: CompiledBackend, rates: CostRates, cached_tokens: int) -> float:
+    """What ``cached_tokens`` of the prompt take off the expected cost at ``rates``: a paid API bills
+    them at its cached-input price instead of its input price; a pool skips their prefill."""
+    if cached_tokens <= 0:
+        return 0.0
+    prices = backend.token_prices
+    cached_price = prices.cached_input if prices is not None else 0.0
+    return cached_tokens * max(0.0, rates[0] - cached_price)
+
+
 def amortized_expected_cost(
     backend: CompiledBackend,
     usd_per_mtok_out: float | None,

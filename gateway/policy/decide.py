@@ -12,17 +12,21 @@ from collections.abc import Callable, Mapping
 from types import MappingProxyType
 from typing import Literal
 
-from gateway.measure.stats import BackendView
-from gateway.money.costs import expected_cost
+from gateway.measure.stats import PREFILL_MIN_TOKENS, BackendView
+from gateway.money.costs import cached_discount, expected_cost
+from gateway.policy.affinity import by_load_groups, load_share
 from gateway.policy.compiled import CompiledBackend, CompiledPolicy, CompiledRoute
 from gateway.policy.evaluate import (
+    EMPTY_MAPPING,
     CandidateEval,
     RequestFeatures,
     Standing,
     evaluate,
     evaluation,
+    feasible_with_prefill,
     predict_queue,
     standing_of,
+    uncached_prefill_s,
 )
 from gateway.policy.schema import Objective
 
@@ -67,7 +71,7 @@ class Decision:
     """The chosen order and its reason; the per-candidate evaluations are built only when read
     (``/admin/explain``, budgets), since most requests need just the order."""
 
-    __slots__ = ("_build", "_evals", "expected_cost_usd", "order", "reason")
+    __slots__ = ("_build", "_evals", "cached_tokens", "expected_cost_usd", "order", "reason")
 
     def __init__(
         self,
@@ -75,10 +79,13 @@ class Decision:
         reason: Reason,
         evals: tuple[CandidateEval, ...] | Callable[[], tuple[CandidateEval, ...]],
         expected_cost_usd: float | None = None,
+        cached_tokens: Mapping[str, int] = EMPTY_MAPPING,
     ) -> None:
         self.order = order  # the chosen backend first, then fallbacks in preference order
         self.reason = reason
         self.expected_cost_usd = expected_cost_usd  # of the chosen backend
+        # The cached prompt tokens the decision counted on per backend (after the balance guard).
+        self.cached_tokens = cached_tokens
         if callable(evals):
             self._build: Callable[[], tuple[CandidateEval, ...]] | None = evals
             self._evals: tuple[CandidateEval, ...] | None = None
@@ -124,6 +131,11 @@ def decide(
 
     Each candidate becomes one plain sort key, ``(class, primary, secondary, index)``, so ranking is
     a C-speed sort of tuples; the index keeps route order among equals.
+
+    Cache-aware: ``req.cached_tokens`` takes the cached part of the prompt off each candidate's cost
+    (cached-input price, or a pool's skipped prefill), and a long uncached part adds its prefill to the
+    predicted TTFT. Among replicas of one pool (``policy.affinity``), a prompt whose cache only one of
+    them holds stays there unless that replica's load is out of balance; otherwise they go by load.
     """
     backends = policy.backends
     memo = {} if memo is None else memo
@@ -131,6 +143,13 @@ def decide(
     reject = route.when_infeasible == "reject"
     infeasible_by_cost = route.when_infeasible == "cheapest"
     prompt, max_tokens = req.prompt_tokens, req.max_tokens
+    cached_map = req.cached_tokens
+    by_load: tuple[tuple[int, ...], ...] = ()
+    if cached_map and len(names) > 1:
+        cached_map, by_load = by_load_groups(prompt, names, backends, snapshot, cached_map)
+        if by_load or cached_map is not req.cached_tokens:
+            req = RequestFeatures(req.route, prompt, max_tokens, req.stream, cached_map)
+    long_prompt = prompt >= PREFILL_MIN_TOKENS
     rows: list[tuple[CompiledBackend, BackendView, Standing]] = []
     eligible: list[int] = []
     keys: list[tuple[int, float, float, int]] = []
@@ -149,6 +168,9 @@ def decide(
         if max_tokens is not None and predicted > max_tokens:
             predicted = float(max_tokens)
         expected = expected_cost(standing.rates, prompt, predicted)
+        cached = cached_map.get(name, 0) if cached_map else 0
+        if cached and expected is not None:
+            expected -= cached_discount(backend, standing.rates, min(cached, prompt))
         cost = math.inf if expected is None else expected
         costs.append(cost)
         window = backend.context_window
@@ -156,7 +178,11 @@ def decide(
             continue
         eligible.append(index)
         ttft = math.inf if standing.ttft_p95_s is None else standing.ttft_p95_s
-        if not standing.feasible:  # measured or declared outside the SLO
+        feasible = standing.feasible
+        if long_prompt and (prefill := uncached_prefill_s(backend, view, prompt, cached)):
+            ttft += prefill
+            feasible = feasible_with_prefill(standing, slo, prefill)
+        if not feasible:  # measured or declared outside the SLO
             if not reject:
                 keys.append((3, cost, ttft, index) if infeasible_by_cost else (3, ttft, cost, index))
             continue
@@ -173,7 +199,9 @@ def decide(
         return tuple(evaluation(req, backend, view, slo, standing) for backend, view, standing in rows)
 
     if not eligible:
-        return Decision((), "no_healthy_backend", build_evals)
+        return Decision((), "no_healthy_backend", build_evals, None, cached_map)
+    if by_load and objective == "lowest_cost":
+        keys = _by_load(keys, by_load, costs, rows, names)
     keys.sort()
     order = [key[3] for key in keys[: route.fallback.max_attempts]]
     reason = _reason(keys[0][0] if keys else None, route)
@@ -189,8 +217,35 @@ def decide(
     order = order[: route.fallback.max_attempts]
     chosen_cost = costs[order[0]] if order else math.inf
     return Decision(
-        tuple(names[i] for i in order), reason, build_evals, None if chosen_cost == math.inf else chosen_cost
+        tuple(names[i] for i in order),
+        reason,
+        build_evals,
+        None if chosen_cost == math.inf else chosen_cost,
+        cached_map,
     )
+
+
+def _by_load(
+    keys: list[tuple[int, float, float, int]],
+    groups: tuple[tuple[int, ...], ...],
+    costs: list[float],
+    rows: list[tuple[CompiledBackend, BackendView, Standing]],
+    names: tuple[str, ...],
+) -> list[tuple[int, float, float, int]]:
+    """Replicas of one pool that no cache tells apart cost the same (their cheapest), and the least
+    loaded goes first: a busy replica's higher throughput makes it look cheaper per token, which would
+    pile every new conversation onto it."""
+    group_of = {i: members for members in groups for i in members}
+    cheapest = {members: min(costs[i] for i in members) for members in groups}
+    changed = []
+    for rank, primary, secondary, index in keys:
+        members = group_of.get(index)
+        if members is None or rank == 3:  # outside the SLO: ranked by its own terms
+            changed.append((rank, primary, secondary, index))
+        else:
+            backend, view, _ = rows[index]
+            changed.append((rank, cheapest[members], load_share(backend, view), index))
+    return changed
 
 
 def _reason(best_rank: int | None, route: CompiledRoute) -> Reason:

@@ -6,20 +6,44 @@ The request-independent part (``Standing``) holds until the stats publish a new 
 
 from __future__ import annotations
 
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import NamedTuple
 
-from gateway.measure.stats import BackendView
+from gateway.measure.stats import PREFILL_MIN_TOKENS, BackendView
 from gateway.money.costs import (
     CostRates,
+    cached_discount,
     cost_rates,
     effective_usd_per_mtok,
     expected_cost,
+    pool_prefill_tokens_per_s,
     predict_output_tokens,
     prior_output_tokens,
 )
 from gateway.policy.compiled import CompiledBackend
 from gateway.policy.schema import Slo
+
+
+class _Nothing(Mapping[str, int]):
+    """The empty mapping as a default: immutable and hashable, so a frozen dataclass may hold it."""
+
+    __slots__ = ()
+
+    def __getitem__(self, key: str) -> int:
+        raise KeyError(key)
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(())
+
+    def __len__(self) -> int:
+        return 0
+
+    def __hash__(self) -> int:
+        return 0
+
+
+EMPTY_MAPPING: Mapping[str, int] = _Nothing()
 
 
 @dataclass(frozen=True, slots=True)
@@ -28,6 +52,10 @@ class RequestFeatures:
     prompt_tokens: int  # estimated before sending
     max_tokens: int | None = None
     stream: bool = False
+    # Expected cached prompt tokens per backend name (gateway.measure.prefix_index), filled by the
+    # caller: the runtime from its index, the simulator from the same index in virtual time. A backend
+    # not named holds none of this prompt.
+    cached_tokens: Mapping[str, int] = EMPTY_MAPPING
 
 
 class CandidateEval(NamedTuple):
@@ -57,6 +85,8 @@ class CandidateEval(NamedTuple):
     blocked_by: tuple[str, ...]  # why it is not eligible, e.g. "circuit open"
     slo: Slo
     declared: bool = False  # unmeasured, judged on the policy's expected_ttft_ms
+    expected_cached_tokens: int = 0  # of this prompt, held in the backend's prefix cache
+    prefill_s: float = 0.0  # predicted prefill of the uncached part, within ``ttft_p95_s``
 
     @property
     def why(self) -> tuple[str, ...]:
@@ -177,28 +207,68 @@ def evaluation(
         if headroom == standing.marginal_headroom
         else cost_rates(backend, standing.usd_per_mtok_out, headroom, view.prefill_tokens_per_s)
     )
+    cached = min(req.cached_tokens.get(backend.name, 0), req.prompt_tokens) if req.cached_tokens else 0
+    prefill = uncached_prefill_s(backend, view, req.prompt_tokens, cached)
+    ttft, first_answer = standing.ttft_p95_s, standing.first_answer_p95_s
+    meets_ttft, meets_first_answer, feasible = (
+        standing.meets_ttft,
+        standing.meets_first_answer,
+        standing.feasible,
+    )
+    if prefill:
+        ttft = None if ttft is None else ttft + prefill
+        first_answer = None if first_answer is None else first_answer + prefill
+        meets_ttft = _within(ttft, slo.ttft_p95_ms)
+        meets_first_answer = _within(first_answer, slo.first_answer_p95_ms)
+        feasible = feasible_with_prefill(standing, slo, prefill)
+    cost = expected_cost(rates, req.prompt_tokens, predicted_output)
+    if cost is not None and cached:
+        cost -= cached_discount(backend, rates, cached)
     return CandidateEval(
         backend.name,
         not blocked_by,
         standing.measured,
-        standing.feasible,
-        standing.ttft_p95_s,
-        standing.first_answer_p95_s,
+        feasible,
+        ttft,
+        first_answer,
         standing.decode_tokens_per_s,
         standing.queue_wait_s,
         standing.usd_per_mtok_out,
-        expected_cost(rates, req.prompt_tokens, predicted_output),
+        cost,
         predicted_output,
         headroom,
-        standing.meets_ttft,
+        meets_ttft,
         standing.meets_decode,
-        standing.meets_first_answer,
+        meets_first_answer,
         standing.samples,
         standing.last_sample_at,
         blocked_by,
         slo,
         standing.declared,
+        cached,
+        prefill,
     )
+
+
+def feasible_with_prefill(standing: Standing, slo: Slo, prefill_s: float) -> bool:
+    """Whether the candidate still meets the SLO once ``prefill_s`` of prefill is added to its TTFT."""
+    ttft, first_answer = standing.ttft_p95_s, standing.first_answer_p95_s
+    return (
+        _within(None if ttft is None else ttft + prefill_s, slo.ttft_p95_ms) is not False
+        and standing.meets_decode is not False
+        and _within(None if first_answer is None else first_answer + prefill_s, slo.first_answer_p95_ms)
+        is not False
+    )
+
+
+def uncached_prefill_s(backend: CompiledBackend, view: BackendView, prompt_tokens: int, cached: int) -> float:
+    """Seconds a long uncached part of the prompt adds to the measured TTFT p95: prefill at the
+    backend's measured speed (else the policy's prior). Below ``PREFILL_MIN_TOKENS`` uncached tokens
+    the measured TTFT already covers it (the stats measure prefill speed only from there on, too)."""
+    uncached = prompt_tokens - cached
+    if uncached < PREFILL_MIN_TOKENS:
+        return 0.0
+    return uncached / pool_prefill_tokens_per_s(backend, view.prefill_tokens_per_s)
 
 
 def predict_queue(backend: CompiledBackend, view: BackendView) -> tuple[int, float]:
