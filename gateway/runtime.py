@@ -29,6 +29,7 @@ from gateway.ledger.view import LedgerView
 from gateway.measure.demand import DemandSignal
 from gateway.measure.fleet import Fleet
 from gateway.measure.health import CircuitBreaker
+from gateway.measure.prefix_index import NO_KEYS, PrefixIndex, PromptKeys
 from gateway.measure.probes import Prober
 from gateway.measure.signals import SignalScraper
 from gateway.measure.stats import AttemptTicket, BackendView, LiveStats
@@ -42,6 +43,7 @@ from gateway.money.ratelimit import RateLimits
 from gateway.money.spend import SpendTally, seed_tally
 from gateway.policy.compiled import CompiledPolicy, CompiledRoute
 from gateway.policy.decide import Decision, DecisionMemo, RequestFeatures, decide
+from gateway.policy.evaluate import EMPTY_MAPPING
 from gateway.request.admission import InFlight
 from gateway.request.auth import ApiKey, AuthenticationFailed, PermissionDenied, authenticate
 from gateway.request.drain import Drain
@@ -117,10 +119,14 @@ class Runtime:
         self.store = open_store(self.policy.store, redis_url, wall_clock)
         self.budgets = Budgets(self.store)
         self.rate_limits = RateLimits(self.store)
+        # Where each backend likely holds a prompt's prefix (cache-aware routing), shared by the fleet.
+        self.prefix_index = PrefixIndex(self._prefix_ttl_s, self._prefix_capacity_tokens)
         self.fleet: Fleet | None = None
         if self.store.shared:
             interval = self.policy.store.sync_interval_s
-            self.fleet = Fleet(self.stats, self.store, lambda: self.policy, clock, interval)
+            self.fleet = Fleet(
+                self.stats, self.store, lambda: self.policy, clock, interval, self.prefix_index
+            )
         self.waiting = WaitingRoom(clock)
         self.probes = Prober(self)
         self.metrics = GatewayMetrics(
@@ -148,6 +154,14 @@ class Runtime:
     def policy(self) -> CompiledPolicy:
         return self.policy_source.current
 
+    def _prefix_ttl_s(self, backend: str) -> float:
+        compiled = self.policy.backends.get(backend)
+        return 300.0 if compiled is None else compiled.prefix_cache_ttl_s
+
+    def _prefix_capacity_tokens(self, backend: str) -> int:
+        compiled = self.policy.backends.get(backend)
+        return 1 << 40 if compiled is None else compiled.prefix_cache_capacity_tokens
+
     async def start(self) -> None:
         await self.store.start()
         await self._start_spend()
@@ -163,6 +177,7 @@ class Runtime:
             subscribe(lambda policy: loop.call_soon_threadsafe(self.scraper.set_backends, policy.backends))
             subscribe(lambda policy: loop.call_soon_threadsafe(self.probes.set_backends, policy.backends))
             subscribe(lambda policy: self.metrics.policy_installed(self.wall_clock()))
+            subscribe(lambda policy: loop.call_soon_threadsafe(self.prefix_index.reconfigure))
         if watch is not None:
             self._tasks.append(loop.create_task(watch(self._policy_poll_s)))
         if self.fleet is not None:
@@ -224,8 +239,12 @@ class Runtime:
         prompt_tokens: int,
         max_tokens: int | None,
         stream: bool,
+        keys: PromptKeys = NO_KEYS,
     ) -> Decision:
-        features = RequestFeatures(route.name, prompt_tokens, max_tokens, stream)
+        cached = (
+            self.prefix_index.expected_cached_many(route.backends, keys, self.clock()) if keys.hashes else {}
+        )
+        features = RequestFeatures(route.name, prompt_tokens, max_tokens, stream, cached or EMPTY_MAPPING)
         snapshot = self.stats.snapshot(route.backends)
         return decide(features, route, policy, snapshot, self.rng, self._decision_memo)
 
@@ -243,9 +262,16 @@ class Runtime:
     def new_request_id(self) -> str:
         return f"{self._request_id_prefix}{next(self._request_ids):012x}"
 
-    def explain(self, route: CompiledRoute, prompt_tokens: int, max_tokens: int | None) -> Decision:
-        """The decision a request would get now, without the exploration draw and without sending it."""
-        features = RequestFeatures(route.name, prompt_tokens, max_tokens, True)
+    def explain(
+        self, route: CompiledRoute, prompt_tokens: int, max_tokens: int | None, cache_key: str | None = None
+    ) -> Decision:
+        """The decision a request would get now, without the exploration draw and without sending it;
+        with ``cache_key``, for the next turn of that conversation (what its client key says is held)."""
+        cached: dict[str, int] = {}
+        if cache_key:
+            keys = PromptKeys((prompt_tokens,), (), cache_key)
+            cached = self.prefix_index.expected_cached_many(route.backends, keys, self.clock())
+        features = RequestFeatures(route.name, prompt_tokens, max_tokens, True, cached or EMPTY_MAPPING)
         return decide(features, route, self.policy, self.stats.snapshot(route.backends), NeverExplore())
 
     def allows(self, backend: str) -> bool:
@@ -329,7 +355,9 @@ class Runtime:
         route, policy = client.route, exchange.policy
 
         def redecide() -> Decision:
-            return self.decide(policy, route, client.prompt_tokens, client.max_tokens, client.stream)
+            return self.decide(
+                policy, route, client.prompt_tokens, client.max_tokens, client.stream, client.keys
+            )
 
         def retry_after_s() -> float:
             paused = [self.stats.paused_for(name) for name in route.backends]
@@ -354,6 +382,18 @@ class Runtime:
         await asyncio.to_thread(seed_tally, self.spend, self.ledger.database, self.wall_clock())
         await self.budgets.seed(self.ledger.database, self.wall_clock())
 
+    def _remember_prefix(self, exchange: Exchange, observation: Observation) -> None:
+        """The backend that answered holds this prompt now: the index (and the fleet's) learns it, and
+        what it reported cached teaches the index its cache's lifetime."""
+        client, final = exchange.client, observation.final
+        if client is None or not client.keys.hashes or final is None or final.status != "ok":
+            return
+        usage = final.usage
+        reported = usage.cached_prompt_tokens if usage is not None and usage.cached_reported else None
+        self.prefix_index.record(final.backend, client.keys, self.clock(), reported)
+        if self.fleet is not None:
+            self.fleet.prefix_recorded(final.backend, client.keys)
+
     def settle(self, exchange: Exchange) -> None:
         """Close the books on a finished request: its reservations, ledger row, live spend, metrics."""
         observation = exchange.observation
@@ -361,6 +401,7 @@ class Runtime:
         started_wall = self.wall_clock() - (self.clock() - observation.started_at)
         self.budgets.settle(exchange.budget, observation, started_wall)
         self.rate_limits.settle(exchange.tokens, observation)
+        self._remember_prefix(exchange, observation)
         backend = exchange.policy.backends.get(observation.backend or "")
         reserved = None if exchange.budget is None else exchange.budget.amount
         row = row_of(

@@ -49,14 +49,15 @@ async def explain(request: Request) -> Response:
         )
     prompt_tokens = _int_param(request, "prompt_tokens", 500) or 0
     max_tokens = _int_param(request, "max_tokens", None)
-    decision = runtime.explain(route, prompt_tokens, max_tokens)
+    cache_key = request.query_params.get("cache_key") or None  # a conversation's client key
+    decision = runtime.explain(route, prompt_tokens, max_tokens, cache_key)
     return json_response(
         {
             "route": route.name,
             "objective": route.objective,
             "when_infeasible": route.when_infeasible,
             "slo": route.slo.model_dump(exclude_none=True),
-            "request": {"prompt_tokens": prompt_tokens, "max_tokens": max_tokens},
+            "request": {"prompt_tokens": prompt_tokens, "max_tokens": max_tokens, "cache_key": cache_key},
             "choice": decision.chosen,
             "reason": decision.reason,
             "order": list(decision.order),

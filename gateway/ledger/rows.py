@@ -50,6 +50,9 @@ class LedgerRow(NamedTuple):
     probe: bool = False  # a synthetic probe (the ``probes`` table): billed to no route or key
     # Schema 4: a keyed hash of the client's user id (``ledger.user: hashed``), never the id itself.
     user_hash: str | None = None
+    # Schema 5: the cached prompt tokens the prefix index predicted on the backend that answered
+    # (reported ones are ``cached_prompt_tokens``); None where nothing was predicted.
+    predicted_cached_tokens: int | None = None
 
 
 # Written with every row: its fields, then the row key the writer gives it (unique per row, so a
@@ -135,6 +138,7 @@ def row_of(
         attempt_log(observation),
         observation.endpoint == "probe",
         observation.user_hash,
+        observation.predicted_cached_tokens,
     )
 
 

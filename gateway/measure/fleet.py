@@ -16,6 +16,7 @@ from typing import Any, get_args
 import orjson
 
 from gateway.measure.health import CircuitState
+from gateway.measure.prefix_index import PrefixIndex, PromptKeys
 from gateway.measure.stats import LiveStats
 from gateway.policy.compiled import CompiledPolicy
 from gateway.request.observation import Attempt, AttemptStatus, Usage
@@ -25,6 +26,7 @@ log = logging.getLogger("gateway.measure.fleet")
 
 STATUSES = frozenset(get_args(AttemptStatus))
 OUTBOX_MAX = 5_000  # attempts kept between two syncs; past that the oldest go unshared
+PREFIX_OUTBOX_MAX = 5_000  # prompts recorded in the prefix index between two syncs, likewise
 CLOSE_EVENTS_FOR_S = 10.0  # an older "closed" (replayed history) says nothing about now
 
 
@@ -36,8 +38,13 @@ class Fleet:
         policy: Callable[[], CompiledPolicy],
         clock: Callable[[], float],
         interval_s: float,
+        prefix_index: PrefixIndex | None = None,
     ) -> None:
         self._stats = stats
+        # Which backend now holds which prompt: batched with the attempts, never a round trip per request.
+        self._prefix_index = prefix_index
+        self._prefix_outbox: deque[tuple[str, PromptKeys, float]] = deque(maxlen=PREFIX_OUTBOX_MAX)
+        self.prefixes_merged = 0
         self._store = store
         self._policy = policy
         self._clock = clock
@@ -52,6 +59,9 @@ class Fleet:
     def attempt_finished(self, attempt: Attempt, route: str) -> None:
         if attempt.finished_at is not None:
             self._outbox.append((attempt, route))
+
+    def prefix_recorded(self, backend: str, keys: PromptKeys) -> None:
+        self._prefix_outbox.append((backend, keys, self._clock()))
 
     async def run(self) -> None:
         while True:
@@ -71,6 +81,12 @@ class Fleet:
             # Upstream rate limits: a backend paused here (its 429's Retry-After) is paused fleet-wide.
             "p": {name: left for name in backends if (left := self._stats.paused_for(name)) > 0},
         }
+        if self._prefix_outbox:
+            payload["x"] = [
+                [backend, now - at, keys.ends, keys.hashes, keys.client_key]
+                for backend, keys, at in self._prefix_outbox
+            ]
+            self._prefix_outbox.clear()
         self._outbox.clear()
         for message in await self._store.exchange(orjson.dumps(payload)):
             try:
@@ -81,7 +97,11 @@ class Fleet:
         self.synced = True
 
     def report(self) -> dict[str, Any]:
-        return {"replicas_heard": sorted(self.replicas_heard), "attempts_merged": self.attempts_merged}
+        return {
+            "replicas_heard": sorted(self.replicas_heard),
+            "attempts_merged": self.attempts_merged,
+            "prefixes_merged": self.prefixes_merged,
+        }
 
     def _circuit_events(self, backends: Any, now: float) -> list[list[Any]]:
         """This replica's own circuit changes since the last sync; adopted ones are not sent back."""
@@ -106,6 +126,16 @@ class Fleet:
             if attempt.backend in policy.backends and (route in policy.routes or attempt.probe):
                 self._stats.merge_remote(attempt, route, attempt.finished_at or now)
                 self.attempts_merged += 1
+        index = self._prefix_index
+        for backend, age, ends, hashes, client_key in body.get("x", ()):
+            if index is not None and backend in policy.backends and len(ends) == len(hashes):
+                keys = PromptKeys(
+                    tuple(int(e) for e in ends),
+                    tuple(int(h) for h in hashes),
+                    None if client_key is None else str(client_key),
+                )
+                index.record(str(backend), keys, now - message.age_s - float(age))
+                self.prefixes_merged += 1
         if message.age_s <= 3 * self._interval_s:
             inflight = {str(k): int(v) for k, v in body.get("f", {}).items()}
             self._remote[message.replica] = (now, inflight)

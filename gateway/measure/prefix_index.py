@@ -22,10 +22,10 @@ import math
 import zlib
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
-FIRST_BOUNDARIES = 2  # the system prompt's end and the first turn's: where shared prefixes end
-LAST_BOUNDARIES = 6  # the newest message ends: the previous turn's prompt ended at one of them
+FIRST_BOUNDARIES = 2  # the system prompt's end and the first turn's (fixed: prompt_keys unrolls them)
+LAST_BOUNDARIES = 4  # the newest message ends: the previous turn's prompt ended at one of them
 SAMPLE_CHARS = 32  # of each end of a message's text, in its signature
 MAX_ENTRIES = 200_000  # per backend, whatever its capacity in tokens: the index's memory bound
 MAX_CLIENT_KEYS = 50_000  # per backend
@@ -33,8 +33,10 @@ LEARN_MIN_TOKENS = 1024  # a prediction or report smaller than this teaches noth
 LEARN_RATE = 0.25  # how far one surprising report moves the learned TTL towards what it showed
 
 
-@dataclass(frozen=True, slots=True)
-class PromptKeys:
+class PromptKeys(NamedTuple):
+    """A prompt's keys. A NamedTuple rather than a frozen dataclass: built once per request, and a
+    frozen dataclass's ``__init__`` alone costs ~0.8 us, a sixth of the whole budget."""
+
     ends: tuple[int, ...]  # estimated prompt tokens up to each key boundary, increasing
     hashes: tuple[int, ...]  # chained hash of the prompt up to each boundary (same length as ends)
     client_key: str | None = None  # prompt_cache_key / a session header, when the client sends one
@@ -68,29 +70,37 @@ def _text_chars(content: Any) -> int:
 def _sample(text: str) -> int:
     if len(text) > 2 * SAMPLE_CHARS:
         text = text[:SAMPLE_CHARS] + text[-SAMPLE_CHARS:]
-    return zlib.crc32(text.encode("utf-8", "surrogatepass"))
+    try:
+        return zlib.crc32(text.encode())
+    except UnicodeEncodeError:  # a lone surrogate: still a sample, never an error
+        return zlib.crc32(text.encode("utf-8", "surrogatepass"))
 
 
 def _signature(message: Any) -> int:
-    """A message's identity, cheaply: its role, its text's length and a sample of both of its ends (or
-    of its last part, or its first tool call)."""
-    if not isinstance(message, dict):
+    """A message's identity from a sample of its text: its length and both ends of it (or of its last
+    part, or its first tool call's id), and its role."""
+    if type(message) is not dict:
         return 0
-    role = message.get("role")
     content = message.get("content")
-    tag = len(role) if isinstance(role, str) else 0
-    if isinstance(content, str):
-        return hash((tag, len(content), _sample(content)))
+    if type(content) is str:
+        return hash((len(content), _sample(content), message.get("role") == "system"))
     if isinstance(content, list) and content:
         last = content[-1]
         text = last if isinstance(last, str) else last.get("text") if isinstance(last, dict) else None
         sample = _sample(text) if isinstance(text, str) else 0
-        return hash((tag, len(content), _text_chars(content), sample))
+        return hash((len(content), _text_chars(content), sample))
     calls = message.get("tool_calls")
     if isinstance(calls, list) and calls and isinstance(calls[0], dict):
         call_id = calls[0].get("id")
-        return hash((tag, -1, _sample(call_id) if isinstance(call_id, str) else len(calls)))
-    return hash((tag, -2))
+        return hash((-1, _sample(call_id) if isinstance(call_id, str) else len(calls)))
+    return -2
+
+
+def _chars_of(message: Any) -> int:
+    if isinstance(message, dict):
+        content = message.get("content")
+        return len(content) if isinstance(content, str) else _text_chars(content)
+    return 0
 
 
 def prompt_keys(
@@ -100,7 +110,9 @@ def prompt_keys(
     client_key: str | None = None,
 ) -> PromptKeys:
     """The keys of a chat (``messages``) or completions (``prompt``) payload whose text has
-    ``prompt_chars`` characters in all; touches at most ``FIRST_BOUNDARIES + LAST_BOUNDARIES`` messages."""
+    ``prompt_chars`` characters in all; touches at most ``FIRST_BOUNDARIES + LAST_BOUNDARIES`` messages,
+    and samples the text of the first two only: the later keys hash integers (message count, characters
+    so far, that message's length) chained to those two, which is what keeps them cheap."""
     messages = payload.get("messages")
     if not isinstance(messages, list):
         prompt = payload.get("prompt")
@@ -111,34 +123,56 @@ def prompt_keys(
     count = len(messages)
     if count == 0:
         return PromptKeys((), (), client_key)
-    first = messages[0]
-    anchor = _signature(first)
-    if count > 1:
-        anchor = hash((anchor, _signature(messages[1])))
-    # Characters up to each kept boundary: from the start for the first ones, back from the total for
-    # the last ones, so the messages between are never looked at.
-    ends: list[int] = []
-    hashes: list[int] = []
-    head = min(FIRST_BOUNDARIES, count)
-    tail_from = max(head, count - LAST_BOUNDARIES)
-    chars = 0
-    for i in range(head):
-        message = messages[i]
-        chars += _text_chars(message.get("content") if isinstance(message, dict) else None)
-        # The first boundary (the system prompt alone) is keyed by itself: shared by every conversation.
-        key = hash((1, chars, _signature(message))) if i == 0 else hash((2, chars, anchor))
-        ends.append(math.ceil(chars / chars_per_token))
-        hashes.append(key)
-    tail: list[tuple[int, int]] = []
-    chars = prompt_chars
-    for i in range(count - 1, tail_from - 1, -1):
-        message = messages[i]
-        tail.append((i, chars))
-        chars -= _text_chars(message.get("content") if isinstance(message, dict) else None)
-    for i, upto in reversed(tail):
-        ends.append(math.ceil(upto / chars_per_token))
-        hashes.append(hash((i + 1, upto, anchor, _signature(messages[i]))))
+    # The first boundary (the system prompt alone) is keyed by itself: shared by every conversation.
+    first_message = messages[0]
+    first = _signature(first_message)
+    chars = _chars_of(first_message)
+    if count == 1:
+        return PromptKeys((math.ceil(chars / chars_per_token),), (hash((1, chars, first)),), client_key)
+    # The second (the task) identifies the conversation: every later key is chained to it.
+    second_message = messages[1]
+    anchor = hash((first, _signature(second_message)))
+    second = chars + _chars_of(second_message)
+    ends = [math.ceil(chars / chars_per_token), math.ceil(second / chars_per_token)]
+    hashes = [hash((1, chars, first)), hash((2, second, anchor))]
+    # Characters up to each of the last boundaries, back from the total: the messages between the
+    # first two and the last few are never looked at.
+    tail_from = max(FIRST_BOUNDARIES, count - LAST_BOUNDARIES)
+    if tail_from < count:
+        upto = prompt_chars
+        tail_ends: list[int] = []
+        tail_hashes: list[int] = []
+        for i in range(count - 1, tail_from - 1, -1):
+            message = messages[i]
+            content = message.get("content") if type(message) is dict else None
+            size = len(content) if type(content) is str else _text_chars(content)
+            tail_ends.append(math.ceil(upto / chars_per_token))
+            tail_hashes.append(hash((i, upto, size, anchor)))
+            upto -= size
+        tail_ends.reverse()
+        tail_hashes.reverse()
+        ends += tail_ends
+        hashes += tail_hashes
     return PromptKeys(tuple(ends), tuple(hashes), client_key)
+
+
+def _held(shelf: _Shelf, keys: PromptKeys, now: float) -> int:
+    horizon = now - shelf.ttl_s
+    found = 0
+    # Longest first, at C speed: most lookups end at the first key (held) or after a run of misses.
+    for entry in filter(None, map(shelf.entries.get, reversed(keys.hashes))):
+        if entry[1] >= horizon:
+            found = entry[0]
+            break
+    client_key = keys.client_key
+    if client_key is not None and found <= keys.ends[min(FIRST_BOUNDARIES, len(keys.ends)) - 1]:
+        # The client says it is the same conversation, though only its first boundaries matched (its
+        # prompt grew by more than LAST_BOUNDARIES messages in one turn): the previous prompt is
+        # likely held whole.
+        known = shelf.clients.get(client_key)
+        if known is not None and known[1] >= horizon:
+            found = max(found, min(known[0], keys.ends[-1]))
+    return found
 
 
 @dataclass(slots=True)
@@ -178,32 +212,17 @@ class PrefixIndex:
     def expected_cached(self, backend: str, keys: PromptKeys, now: float) -> int:
         """Prompt tokens of ``keys`` that ``backend`` likely still holds: the longest live prefix."""
         shelf = self._shelves.get(backend)
-        if shelf is None:
-            return 0
-        entries, horizon, hashes = shelf.entries, now - shelf.ttl_s, keys.hashes
-        found = 0
-        for i in range(len(hashes) - 1, -1, -1):
-            entry = entries.get(hashes[i])
-            if entry is not None and entry[1] >= horizon:
-                found = keys.ends[i]
-                break
-        if keys.client_key is not None and hashes and found < keys.ends[-1]:
-            # The client says it is the same conversation, though the boundaries matched less (its
-            # prompt grew by more than LAST_BOUNDARIES messages in one turn): the previous prompt is
-            # likely held whole.
-            known = shelf.clients.get(keys.client_key)
-            if known is not None and known[1] >= horizon:
-                found = max(found, min(known[0], keys.ends[-1]))
-        return found
+        return 0 if shelf is None else _held(shelf, keys, now)
 
     def expected_cached_many(self, backends: Iterable[str], keys: PromptKeys, now: float) -> dict[str, int]:
         """``expected_cached`` for each of ``backends``, leaving out those that hold nothing."""
         found: dict[str, int] = {}
-        if not keys.hashes:
+        if not keys.ends:  # nothing to look for (keys of only a client key still have their length)
             return found
+        shelves = self._shelves
         for name in backends:
-            tokens = self.expected_cached(name, keys, now)
-            if tokens:
+            shelf = shelves.get(name)
+            if shelf is not None and (tokens := _held(shelf, keys, now)):
                 found[name] = tokens
         return found
 

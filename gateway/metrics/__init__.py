@@ -124,6 +124,14 @@ class GatewayMetrics:
             buckets=OVERHEAD_BUCKETS_S,
             registry=registry,
         )
+        self.prefix_cache = Counter(
+            "gateway_prefix_cache_tokens",
+            "Cached prompt tokens on the backend that answered, by kind: 'predicted' by the gateway's "
+            "prefix index, 'reported' by the backend, and 'error' (|predicted - reported|), for the "
+            "answers that had both; the prediction's error rate is error / reported.",
+            ["backend", "kind"],
+            registry=registry,
+        )
         self.policy_loaded_at = sources.wall_clock()
         # Label values are policy names and fixed vocabularies, so this stays as small as the policy.
         self._children: dict[tuple[int, tuple[str, ...]], Any] = {}
@@ -148,6 +156,17 @@ class GatewayMetrics:
             self._child(self.spend, route, backend).inc(observation.cost_usd)
         for attempt in observation.attempts:
             self._attempt(route, attempt)
+        predicted, final = observation.predicted_cached_tokens, observation.final
+        if (
+            predicted is not None
+            and final is not None
+            and final.usage is not None
+            and final.usage.cached_reported
+        ):
+            reported = final.usage.cached_prompt_tokens
+            self._child(self.prefix_cache, backend, "predicted").inc(predicted)
+            self._child(self.prefix_cache, backend, "reported").inc(reported)
+            self._child(self.prefix_cache, backend, "error").inc(abs(predicted - reported))
         overhead = overhead_s(observation)
         if overhead is not None:
             self._child(self.overhead, "true" if observation.stream else "false").observe(overhead)

@@ -89,6 +89,9 @@ class CompiledBackend:
     max_connections: int = 1024
     expected_ttft_s: float | None = None  # the declared TTFT p95 until one is measured
     scaling: Scaling | None = None  # a GPU-hour pool's replicas and boot time; None: not scaled
+    # Its prefix cache as the prefix index models it (schema.PrefixCache, defaults resolved).
+    prefix_cache_ttl_s: float = 300.0
+    prefix_cache_capacity_tokens: int = 1 << 40
 
 
 @dataclass(frozen=True, slots=True)

@@ -247,7 +247,28 @@ def _compile_backend(
         max_connections=backend.max_connections,
         expected_ttft_s=None if backend.expected_ttft_ms is None else backend.expected_ttft_ms / 1000.0,
         scaling=_scaling(backend, pool_price),
+        prefix_cache_ttl_s=_prefix_ttl(backend.prefix_cache, pool_price),
+        prefix_cache_capacity_tokens=_prefix_capacity(backend.prefix_cache, pool_price),
     )
+
+
+# A pool's KV cache keeps what fits (capacity decides, not time); a paid API's lives 5 minutes.
+POOL_PREFIX_TTL_S = 3600.0
+API_PREFIX_TTL_S = 300.0
+POOL_PREFIX_CAPACITY_TOKENS = 4_194_304
+API_PREFIX_CAPACITY_TOKENS = 1 << 40  # unbounded: the index's own entry bound holds its memory
+
+
+def _prefix_ttl(cache: schema.PrefixCache, pool_price: PoolPrice | None) -> float:
+    if cache.ttl_s is not None:
+        return cache.ttl_s
+    return API_PREFIX_TTL_S if pool_price is None else POOL_PREFIX_TTL_S
+
+
+def _prefix_capacity(cache: schema.PrefixCache, pool_price: PoolPrice | None) -> int:
+    if cache.capacity_tokens is not None:
+        return cache.capacity_tokens
+    return API_PREFIX_CAPACITY_TOKENS if pool_price is None else POOL_PREFIX_CAPACITY_TOKENS
 
 
 def _scaling(backend: schema.Backend, pool_price: PoolPrice | None) -> schema.Scaling | None:

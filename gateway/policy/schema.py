@@ -133,6 +133,18 @@ class Scaling(Strict):
     scale_down_after_s: NonNegativeFloat = 900.0
 
 
+class PrefixCache(Strict):
+    """How long the backend's own prefix cache keeps a prompt, for the gateway's prefix index
+    (``gateway.measure.prefix_index``): a paid API's cache lives minutes after its last use; a pool's
+    KV cache keeps what fits in its capacity, least recently used out first. The TTL in use is adjusted
+    by the cached tokens the backend reports. Defaults: ``ttl_s`` 300 (the paid APIs' 5 minutes) for
+    per-token prices, 3600 for a GPU-hour pool; ``capacity_tokens`` 4,194,304 for a pool (set it to
+    your engine's KV cache size: vLLM logs "GPU KV cache size: N tokens"), unbounded for a paid API."""
+
+    ttl_s: PositiveFloat | None = None
+    capacity_tokens: Annotated[int, Field(ge=1)] | None = None
+
+
 class Backend(Strict):
     dialect: Dialect
     url: Annotated[str, Field(pattern=r"^https?://")]
@@ -169,6 +181,7 @@ class Backend(Strict):
     # it, from the first request of a fresh gateway on. Unset: unknown until measured.
     expected_ttft_ms: PositiveFloat | None = None
     scaling: Scaling | None = None  # a GPU-hour pool's replicas (autoscaling signal, advise)
+    prefix_cache: PrefixCache = PrefixCache()  # its prompt cache's lifetime and size (cache-aware routing)
 
 
 class Slo(Strict):

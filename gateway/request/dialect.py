@@ -41,6 +41,7 @@ def usage_from(obj: Any, reasoning_chunks: int = 0) -> Usage | None:
         reasoning_tokens=reasoning,
         cached_prompt_tokens=cached or 0,
         source="reported",
+        cached_reported=cached is not None,
     )
 
 

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from gateway.backends import Upstream, UpstreamCall
+from gateway.measure.prefix_index import NO_KEYS, PromptKeys
 from gateway.measure.stats import AttemptTicket
 from gateway.policy.compiled import CompiledPolicy, CompiledRoute
 from gateway.policy.decide import Decision
@@ -48,6 +49,7 @@ class ClientRequest:
     notes: tuple[str, ...] = ()
     upstream_notes: tuple[str, ...] = ()
     cache_key: str | None = None  # the client's prompt-cache key (Responses ``prompt_cache_key``)
+    keys: PromptKeys = NO_KEYS  # the prompt's keys for the prefix index (request/cache_keys.py)
     door_state: Any = None  # what the door needs again to answer in its dialect (its own type)
 
 

@@ -21,6 +21,9 @@ class Usage:
     cached_prompt_tokens: int = 0
     # "reported": the upstream said so; "counted": the gateway estimated it (no usage came back).
     source: UsageSource = "reported"
+    # The upstream said how many prompt tokens were cached (prompt_tokens_details.cached_tokens): an
+    # engine without it (vLLM without --enable-prompt-tokens-details) says 0 without meaning it.
+    cached_reported: bool = False
 
 
 @dataclass(slots=True)
@@ -94,6 +97,8 @@ class Observation:
     prefill_cost_usd: float | None = None  # the prompt-processing share of ``cost_usd`` (pools)
     queued_s: float = 0.0  # seconds spent waiting for a free or unpaused candidate
     user_hash: str | None = None  # keyed hash of the client's user id (ledger.user: hashed)
+    # The prompt tokens the prefix index expected the answering backend to hold; None: not predicted.
+    predicted_cached_tokens: int | None = None
 
     @property
     def final(self) -> Attempt | None:

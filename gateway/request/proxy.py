@@ -34,6 +34,7 @@ from gateway.errors import (
 from gateway.money.costs import bounded_max_tokens
 from gateway.policy.compiled import CompiledBackend
 from gateway.request.auth import authorize_route
+from gateway.request.cache_keys import keys_for
 from gateway.request.dialect import insert_usage_cost, read_completion, unusable_answer
 from gateway.request.drain import SHUTDOWN_CODE, UNANSWERED_MESSAGE
 from gateway.request.exchange import ClientRequest, Exchange
@@ -118,13 +119,14 @@ async def answer(exchange: Exchange, request: Request, receive: Receive) -> Resp
         raise Overloaded(server.max_in_flight, server.shed_retry_after_s)
     exchange.watch_client(receive)
     client = exchange.client = parse(exchange, body)
+    client.keys = keys_for(client, request.scope["headers"], policy.tuning.chars_per_token)
     candidates = (policy.backends[name] for name in client.route.backends)
     client.max_tokens = bounded_max_tokens(client.max_tokens, client.prompt_tokens, candidates)
     observation = exchange.observation = observation_of(exchange, client.route.name, stream=client.stream)
     observation.user_hash = user_hash(client.identity, policy.user_hash_key)
     authorize_route(exchange.key, client.route.name)
     decision = exchange.decision = runtime.decide(
-        policy, client.route, client.prompt_tokens, client.max_tokens, client.stream
+        policy, client.route, client.prompt_tokens, client.max_tokens, client.stream, client.keys
     )
     observation.decision_reason = decision.reason
     observation.expected_cost_usd = decision.expected_cost_usd
@@ -170,6 +172,8 @@ async def attempt_in_order(
         if failure is not None:  # the answer will say it came from a fallback, and why
             observation.decision_reason = f"fallback_after_{failure.kind}"
         attempt = exchange.begin_attempt(name)
+        if client.keys.hashes and exchange.decision is not None:
+            observation.predicted_cached_tokens = exchange.decision.cached_tokens.get(name, 0)
         path, body = exchange.door.upstream_path, upstream_body(client, backend)
         try:
             if client.stream:
@@ -310,6 +314,11 @@ def upstream_body(client: ClientRequest, backend: CompiledBackend) -> bytes:
     return orjson.dumps(payload)
 
 
+# An expected hit this large is shown in x-gateway-decision (smaller ones, a short system prompt say,
+# only in x-gateway-expected-cached-tokens): the paid APIs cache nothing under 1,024 tokens either.
+SHOWN_HIT_TOKENS = 1024
+
+
 def response_headers(exchange: Exchange, content_type: str) -> list[tuple[bytes, bytes]]:
     observation = exchange.observation
     assert observation is not None
@@ -322,6 +331,12 @@ def response_headers(exchange: Exchange, content_type: str) -> list[tuple[bytes,
         (b"x-gateway-decision", (observation.decision_reason or "").encode()),
         (b"x-gateway-attempts", str(len(observation.attempts)).encode()),
     ]
+    expected = observation.predicted_cached_tokens
+    if expected is not None:
+        headers.append((b"x-gateway-expected-cached-tokens", str(expected).encode()))
+        if expected >= SHOWN_HIT_TOKENS:  # the decision counted on a cache hit: say so beside it
+            reason = f"{observation.decision_reason or ''}; expected cache hit {expected} tokens"
+            headers[6] = (b"x-gateway-decision", reason.encode())
     if observation.queued_s > 0:
         headers.append((b"x-gateway-queued-s", f"{observation.queued_s:.3f}".encode()))
     client = exchange.client
