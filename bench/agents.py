@@ -37,6 +37,7 @@ SLO_S = 8.0
 POOL_USD_PER_HOUR = 62.93
 PAID_KEY = "agents-paid-key"
 REPLICAS = ("b300-a", "b300-b")
+KV_CAPACITY_TOKENS = 2_097_152  # each replica's KV cache, as the workload's profiles have it
 BACKENDS = (*REPLICAS, "paid-api")
 
 
@@ -55,6 +56,7 @@ def policy_text(urls: dict[str, str], real_seconds: float) -> str:
     family: kimi-k3
     thinking: mandatory
     max_concurrency: 8
+    prefix_cache: {{capacity_tokens: {KV_CAPACITY_TOKENS}}}
     pricing:
       gpu_hours: {{usd_per_hour: {POOL_USD_PER_HOUR}, accounting: marginal, assumed_tokens_per_s: 92}}
     signals: {{metrics_url: {urls[name]}/metrics, health_url: {urls[name]}/health, interval_s: {interval:g}}}

@@ -3,17 +3,15 @@ the baselines it is compared with (cache_baselines.py, hindsight.py)."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from dataclasses import replace
 from typing import TYPE_CHECKING
 
 from gateway.measure.prefix_index import FIRST_BOUNDARIES, LAST_BOUNDARIES, PrefixIndex, PromptKeys
 from gateway.policy.compiled import CompiledPolicy, CompiledRoute
 from gateway.policy.decide import Decision, RequestFeatures
-from gateway.simulate.backends import BackendModel
 from gateway.simulate.baselines import make_router
 from gateway.simulate.cache_baselines import CacheAwareLike, SessionSticky
-from gateway.simulate.caches import API_CACHE_TTL_S
 from gateway.simulate.engine import PolicyRouter, Router, policy_router_decide
 from gateway.simulate.hindsight import SessionOracle
 from gateway.simulate.workload import PromptShape, SimRequest
@@ -22,8 +20,6 @@ if TYPE_CHECKING:
     from gateway.simulate.engine import Simulation
 
 GATEWAY = "gateway"
-POOL_TTL_S = 1e9  # a pool's KV cache forgets by capacity (LRU), not by time
-UNBOUNDED_TOKENS = 1 << 40
 
 AGENT_BASELINES = ("cache-blind", "session-sticky", "cache-aware-like", "session-oracle")
 
@@ -44,8 +40,8 @@ def make_agent_router(name: str, policy: CompiledPolicy) -> Router:
 class GatewayWithIndex:
     """The gateway's own decision, fed as the request path feeds it: its ``PrefixIndex`` (the real
     one, in virtual time) says which backends likely hold the prompt's prefix, and is told of every
-    answer with the cached tokens the backend reported. Its TTL and capacity per backend are what an
-    operator would set: a paid API's documented TTL, a pool's KV cache size."""
+    answer with the cached tokens the backend reported. Its TTL and capacity per backend are the
+    policy's (``backends.<name>.prefix_cache``), read as the runtime reads them."""
 
     def __init__(self, name: str) -> None:
         self.name = name
@@ -54,8 +50,10 @@ class GatewayWithIndex:
     def decide(self, sim: Simulation, features: RequestFeatures, route: CompiledRoute) -> Decision:
         req = sim.current_request
         if self.index is None:
-            policy, models = sim.policy, sim.models
-            self.index = PrefixIndex(lambda b: _ttl_s(policy, b), lambda b: _capacity(models, b))
+            backends = sim.policy.backends
+            self.index = PrefixIndex(
+                lambda b: backends[b].prefix_cache_ttl_s, lambda b: backends[b].prefix_cache_capacity_tokens
+            )
         if req is not None and req.shape is not None:
             keys = gateway_keys(req.shape)
             cached = self.index.expected_cached_many(route.backends, keys, sim.timeline.now)
@@ -76,13 +74,3 @@ def gateway_keys(shape: PromptShape) -> PromptKeys:
         ends = ends[:FIRST_BOUNDARIES] + ends[-LAST_BOUNDARIES:]
         hashes = hashes[:FIRST_BOUNDARIES] + hashes[-LAST_BOUNDARIES:]
     return PromptKeys(ends, hashes)
-
-
-def _ttl_s(policy: CompiledPolicy, backend: str) -> float:
-    return API_CACHE_TTL_S if policy.backends[backend].token_prices is not None else POOL_TTL_S
-
-
-def _capacity(models: Mapping[str, BackendModel], backend: str) -> int:
-    model = models.get(backend)
-    capacity = 0 if model is None else model.profile.kv_capacity_tokens
-    return capacity if capacity > 0 else UNBOUNDED_TOKENS
