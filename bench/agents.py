@@ -201,7 +201,7 @@ def ledger_summary(ledger: Path, work: Workload, statuses: Counter[int]) -> dict
     conn = sqlite3.connect(ledger)
     rows = conn.execute(
         "SELECT backend, cost_usd, ttft_s, status, cost_basis, prompt_tokens, cached_prompt_tokens,"
-        " completion_tokens FROM requests"
+        " completion_tokens, predicted_cached_tokens FROM requests"
     ).fetchall()
     probe_usd = conn.execute("SELECT COALESCE(SUM(cost_usd), 0) FROM probes WHERE cost_basis = 'per_token'")
     paid_probes = float(probe_usd.fetchone()[0])
@@ -224,6 +224,10 @@ def ledger_summary(ledger: Path, work: Workload, statuses: Counter[int]) -> dict
         "slo_attainment": len(within) / len(work.requests) if work.requests else None,
         "cache_hit_rate": sum(r[6] or 0 for r in ok) / prompt if prompt else None,
         "share": {name: count / len(ok) for name, count in sorted(answered.items())},
+        # The index's prediction against what the emulators reported, over the answered requests.
+        "predicted_cached_tokens": sum(r[8] or 0 for r in ok),
+        "reported_cached_tokens": sum(r[6] or 0 for r in ok),
+        "cached_abs_error_tokens": sum(abs((r[8] or 0) - (r[6] or 0)) for r in ok),
     }
 
 
@@ -254,7 +258,16 @@ def run(sessions: int | None, seed: int | None, time_scale: float, sim_only: boo
         f"{len(work.requests)} turns of {len({r.session for r in work.requests})} agent sessions over "
         f"{work.duration_s:g} s (seed {work.seed}), {prompt / 1e6:.0f}M prompt tokens, TTFT SLO {SLO_S:g} s"
     )
-    return head + "\n" + table(rows, oracle["total_cost_usd"])
+    lines = [head, table(rows, oracle["total_cost_usd"])]
+    if not sim_only:
+        real = rows[0]
+        reported = real["reported_cached_tokens"] or 1
+        lines.append(
+            f"gateway over HTTP: predicted {real['predicted_cached_tokens'] / 1e6:.1f}M cached tokens, "
+            f"reported {real['reported_cached_tokens'] / 1e6:.1f}M, absolute error "
+            f"{real['cached_abs_error_tokens'] / reported:.1%} of reported"
+        )
+    return "\n".join(lines)
 
 
 def serve(argv: list[str]) -> None:
