@@ -1,4 +1,10 @@
-"""An emulated prefix cache: prompt tokens shared with recent prompts are reported as cached."""
+"""An emulated prefix cache: prompt tokens shared with recent prompts are reported as cached.
+
+Bounded as the real ones are: an engine's KV cache holds ``capacity_tokens`` and evicts the least
+recently used blocks first (vLLM's automatic prefix caching, SGLang's radix cache); a paid API keeps a
+prompt's prefix for ``ttl_s`` after its last use (OpenAI and Anthropic: 5 minutes, refreshed on each
+hit) and caches nothing shorter than its first block (1,024 tokens on OpenAI).
+"""
 
 from __future__ import annotations
 
@@ -12,30 +18,50 @@ class PrefixCache:
     chained over every block before it, so a block counts as cached only if all before it matched too.
     """
 
-    def __init__(self, block_tokens: int, capacity_blocks: int = 65_536) -> None:
+    def __init__(
+        self,
+        block_tokens: int,
+        capacity_blocks: int = 65_536,
+        ttl_s: float | None = None,
+        min_tokens: int = 0,
+    ) -> None:
         self._block_chars = block_tokens * CHARS_PER_TOKEN
-        self._capacity = capacity_blocks
-        self._blocks: OrderedDict[int, None] = OrderedDict()
+        self._capacity = max(1, capacity_blocks)
+        self._ttl_s = ttl_s
+        self._min_tokens = min_tokens
+        self._blocks: OrderedDict[int, float] = OrderedDict()  # chained hash -> last used (emulated s)
 
-    def lookup_and_store(self, text: str, prompt_tokens: int) -> int:
+    def lookup_and_store(self, text: str, prompt_tokens: int, now: float = 0.0) -> int:
         """Cached tokens for this prompt; then remember its blocks for the prompts that follow."""
         if self._block_chars <= 0 or prompt_tokens <= 1:
             return 0
         # The last prompt token is always computed, so at most prompt_tokens - 1 can be cached.
         cacheable_chars = min(len(text), (prompt_tokens - 1) * CHARS_PER_TOKEN)
         full_blocks = cacheable_chars // self._block_chars
+        if prompt_tokens < self._min_tokens:
+            return 0
+        horizon = None if self._ttl_s is None else now - self._ttl_s
+        blocks = self._blocks
+        size = self._block_chars
         chained = 0
         hits = 0
         still_matching = True
+        chain: list[int] = []
         for i in range(full_blocks):
-            block = text[i * self._block_chars : (i + 1) * self._block_chars]
-            chained = hash((chained, block))
-            if still_matching and chained in self._blocks:
-                hits += 1
-                self._blocks.move_to_end(chained)
-            else:
-                still_matching = False
-                self._blocks[chained] = None
-        while len(self._blocks) > self._capacity:
-            self._blocks.popitem(last=False)
+            chained = hash((chained, text[i * size : (i + 1) * size]))
+            chain.append(chained)
+            if still_matching:
+                used = blocks.get(chained)
+                if used is not None and (horizon is None or used >= horizon):
+                    hits += 1
+                else:
+                    still_matching = False
+        # Touched last block first, so the prompt's first blocks are the most recently used: an engine
+        # evicts a prompt's tail before the prefix that other prompts share (vLLM frees a request's
+        # blocks tail first into its LRU queue).
+        for chained in reversed(chain):
+            blocks.pop(chained, None)
+            blocks[chained] = now
+        while len(blocks) > self._capacity:
+            blocks.popitem(last=False)
         return hits * self._block_chars // CHARS_PER_TOKEN

@@ -39,6 +39,12 @@ class Profile:
     context_tokens: int  # per sequence (per slot for llama.cpp)
     kv_capacity_tokens: int  # the whole KV cache, for the usage gauges
     cache_block_tokens: int  # prefix-cache granularity; 0 means no prefix cache
+    # The prefix cache's bounds: tokens it holds (least recently used out first; 0: the whole KV cache,
+    # ``kv_capacity_tokens``), how long a prefix lives after its last use (None: until evicted), and the
+    # shortest prompt it caches at all.
+    cache_capacity_tokens: int = 0
+    cache_ttl_s: float | None = None
+    cache_min_tokens: int = 0
     # The engine's command-line flags that change what it reports (docs/contracts/*.yaml): the profiles
     # carry the deploy/ recipes' flags, e.g. vLLM's --enable-prompt-tokens-details.
     engine_args: tuple[str, ...] = ()
@@ -84,8 +90,11 @@ def _build_profiles() -> dict[str, Profile]:
         owned_by="vllm",
         ttft_min_s=0.92,
         ttft_max_s=1.02,
-        prefill_s_per_token=0.0,
-        prefill_cap_s=0.0,
+        # 12,000 prompt tokens/s: a B300 node serving Kimi K3 prefills ~10-15k tokens/s of one long prompt
+        # (issue 30's figure; the policy's tuning.prior_prefill_tokens_per_s assumes 10,000). So 200k
+        # uncached tokens add ~17 s to TTFT, a cache hit almost nothing.
+        prefill_s_per_token=1.0 / 12_000.0,
+        prefill_cap_s=600.0,
         tokens_per_s=92.0,
         batching_exponent=0.25,
         max_running=64,
@@ -124,8 +133,6 @@ def _build_profiles() -> dict[str, Profile]:
         owned_by="moonshotai",
         ttft_min_s=0.4,
         ttft_max_s=0.6,
-        prefill_s_per_token=0.0,
-        prefill_cap_s=0.0,
         tokens_per_s=80.0,
         batching_exponent=0.0,
         max_running=None,
@@ -134,7 +141,17 @@ def _build_profiles() -> dict[str, Profile]:
         cold_boot_s=0.0,
         context_tokens=262_144,
         kv_capacity_tokens=0,
+        # OpenAI's prompt caching: prompts of 1,024+ tokens, matched in 128-token steps, kept 5-10 minutes
+        # after their last use (platform.openai.com/docs/guides/prompt-caching); Anthropic's default
+        # cache_control lifetime is 5 minutes too. Billed at the cached-input price by the policy.
         cache_block_tokens=128,
+        cache_capacity_tokens=1 << 30,
+        cache_ttl_s=300.0,
+        cache_min_tokens=1024,
+        # Its prefill is fast but not free: 50k tokens/s, an assumption (providers publish no prefill
+        # figure), so a 100k-token uncached prompt takes ~2 s more than a cached one.
+        prefill_s_per_token=1.0 / 50_000.0,
+        prefill_cap_s=30.0,
     )
     # A Messages-API vendor (Claude-like), reached through litellm's anthropic provider.
     anthropic = replace(

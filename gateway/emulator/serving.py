@@ -81,7 +81,14 @@ class Emulator:
         self.faults = Faults()
         self.requests = RequestLog(clock)
         self._limiter = RateLimiter()
-        self._prefix_cache = PrefixCache(profile.cache_block_tokens)
+        block = profile.cache_block_tokens
+        capacity = profile.cache_capacity_tokens or profile.kv_capacity_tokens
+        self._prefix_cache = PrefixCache(
+            block,
+            capacity // block if block and capacity else 65_536,
+            profile.cache_ttl_s,
+            profile.cache_min_tokens,
+        )
         # Only the paid API checks keys, and only when EMULATOR_API_KEY was set at creation.
         self._api_key = api_key if profile.dialect in ("openai", "anthropic") else None
         flag = CACHED_TOKENS_FLAGS.get(profile.dialect)
@@ -249,7 +256,9 @@ class Emulator:
             finish_reason = "length"
             reasoning = min(reasoning, parsed.max_tokens)
             content = parsed.max_tokens - reasoning
-        cached = self._prefix_cache.lookup_and_store(parsed.prompt_text, parsed.prompt_tokens)
+        cached = self._prefix_cache.lookup_and_store(
+            parsed.prompt_text, parsed.prompt_tokens, self.engine.now()
+        )
         is_vllm = profile.dialect == "vllm"
         asked_continuous = parsed.include_usage and parsed.continuous_usage_stats
         prefix = "chatcmpl" if parsed.endpoint == "chat" else "cmpl"

@@ -32,7 +32,9 @@ class Recorder:
 
 
 def test_continuous_batching_slows_every_stream_as_the_emulator_does() -> None:
-    profile = PROFILES["b300-vllm"].with_overrides({"ttft_min_s": 1.0, "ttft_max_s": 1.0})
+    profile = PROFILES["b300-vllm"].with_overrides(
+        {"ttft_min_s": 1.0, "ttft_max_s": 1.0, "prefill_s_per_token": 0.0}
+    )
     timeline = Timeline()
     sink = Recorder(timeline)
     model = Model("b300", profile, timeline, random.Random(0), sink)
@@ -49,7 +51,7 @@ def test_continuous_batching_slows_every_stream_as_the_emulator_does() -> None:
 
 def test_a_stream_speeds_up_when_the_other_leaves() -> None:
     profile = PROFILES["b300-vllm"].with_overrides(
-        {"ttft_min_s": 0.0, "ttft_max_s": 0.0, "batching_exponent": 1.0}
+        {"ttft_min_s": 0.0, "ttft_max_s": 0.0, "batching_exponent": 1.0, "prefill_s_per_token": 0.0}
     )
     timeline = Timeline()
     sink = Recorder(timeline)

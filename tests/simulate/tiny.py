@@ -14,11 +14,17 @@ from gateway.simulate.workload import BackendModel, SimRequest, Workload, parse_
 POOL = BackendModel(
     profile="b300-vllm",
     overrides={"ttft_min_s": 1.0, "ttft_max_s": 1.0, "tokens_per_s": 100.0, "batching_exponent": 0.0,
-               "max_running": 1},
+               "max_running": 1, "prefill_s_per_token": 0.0},
 )  # fmt: skip
 API = BackendModel(
     profile="paid-api",
-    overrides={"ttft_min_s": 0.5, "ttft_max_s": 0.5, "tokens_per_s": 50.0, "batching_exponent": 0.0},
+    overrides={
+        "ttft_min_s": 0.5,
+        "ttft_max_s": 0.5,
+        "tokens_per_s": 50.0,
+        "batching_exponent": 0.0,
+        "prefill_s_per_token": 0.0,
+    },
 )
 
 
