@@ -4,9 +4,9 @@
   ``kv_capacity_tokens``, evicting the least recently used prefix first. As vLLM frees a request's
   blocks tail first, a prompt's own prefix outlives its tail: the shared system prompt is the last
   thing to go, and a session's newest message the first.
-- A paid API (OpenAI- or Anthropic-like) keeps a prefix for ``API_CACHE_TTL_S`` after its last use,
-  whatever the traffic (OpenAI: "5-10 minutes of inactivity"); it bills the cached part at its
-  cached-input price.
+- A paid API (OpenAI- or Anthropic-like) keeps a prefix for its profile's ``cache_ttl_s`` after its
+  last use (OpenAI: "5-10 minutes of inactivity"), whatever the traffic, and caches no prompt shorter
+  than ``cache_min_tokens``; it bills the cached part at its cached-input price.
 
 Both match whole messages of a ``PromptShape`` (message boundaries with chained hashes), rounded down
 to the backend's cache block, and never the prompt's last token (an engine always computes it).
@@ -20,7 +20,6 @@ from typing import Protocol
 from gateway.emulator.profiles import Profile
 from gateway.simulate.workload import PromptShape
 
-API_CACHE_TTL_S = 300.0
 PRUNE_EVERY = 256  # TTL cache: drop expired entries every so many stores (memory stays bounded)
 
 
@@ -72,13 +71,16 @@ class LruKvCache:
 class TtlCache:
     """A paid API's prompt cache: a prefix stays ``ttl_s`` after its last use."""
 
-    def __init__(self, ttl_s: float, block_tokens: int) -> None:
+    def __init__(self, ttl_s: float, block_tokens: int, min_tokens: int = 0) -> None:
         self.ttl_s = ttl_s
         self.block_tokens = max(1, block_tokens)
+        self.min_tokens = min_tokens  # a shorter prompt is not cached at all (OpenAI: 1,024)
         self._expires: dict[int, float] = {}
         self._stores = 0
 
     def serve(self, shape: PromptShape, prompt_tokens: int, now: float) -> int:
+        if prompt_tokens < self.min_tokens:
+            return 0
         ends, hashes = shape
         expires = self._expires
         cached = 0
@@ -96,11 +98,15 @@ class TtlCache:
 
 
 def cache_for(profile: Profile) -> PrefixCacheModel | None:
-    """The prefix cache of a backend with this profile; None where it caches nothing."""
-    if profile.cache_block_tokens <= 0:
+    """The prefix cache of a backend with this profile, bounded as the emulator's is
+    (``gateway/emulator/prefix_cache.py``): by its TTL where it has one, else by its capacity (the
+    profile's ``cache_capacity_tokens``, else its whole KV cache); None where it caches nothing."""
+    block = profile.cache_block_tokens
+    if block <= 0:
         return None
-    if profile.dialect in ("openai", "anthropic"):
-        return TtlCache(API_CACHE_TTL_S, profile.cache_block_tokens)
-    if profile.kv_capacity_tokens <= 0:
+    if profile.cache_ttl_s is not None:
+        return TtlCache(profile.cache_ttl_s, block, profile.cache_min_tokens)
+    capacity = profile.cache_capacity_tokens or profile.kv_capacity_tokens
+    if capacity <= 0:
         return None
-    return LruKvCache(profile.kv_capacity_tokens, profile.cache_block_tokens)
+    return LruKvCache(capacity, block)
