@@ -2,7 +2,7 @@
 against the emulators (two B300-like replicas of one pool, ``family: kimi-k3``, and the paid API), and
 through the simulator with the gateway's own decision and the baselines on the same requests.
 
-    python -m bench.routing --workload agents [--sessions 24] [--seed 1] [--time-scale 0.05] [--sim-only]
+    python -m bench.routing --workload agents [--sessions 24] [--seed 1] [--time-scale 0.1] [--sim-only]
 
 Total cost counts both replicas for the whole run (paid by the hour) plus the API's tokens at their
 cached and uncached prices; cache hit rate is cached over all prompt tokens answered.
