@@ -261,11 +261,8 @@ class PrefixIndex:
         # LRU, which evicts a conversation's own blocks before the system prompt every one shares.
         for i in range(len(hashes) - 1, -1, -1):
             old = entries.pop(hashes[i], None)
-            if old is None:
-                adds = ends[i] - (ends[i - 1] if i else 0)
-                shelf.tokens += adds
-            else:
-                adds = old[2]
+            adds = ends[i] - (ends[i - 1] if i else 0)
+            shelf.tokens += adds - (0 if old is None else old[2])
             entries[hashes[i]] = (ends[i], now, adds)
         if keys.client_key is not None:
             clients = shelf.clients

@@ -186,7 +186,7 @@ def decide(
         ttft = math.inf if standing.ttft_p95_s is None else standing.ttft_p95_s
         feasible = standing.feasible
         if long_prompt and (prefill := uncached_prefill_s(backend, view, prompt, cached)):
-            ttft += prefill
+            ttft = max(ttft, standing.queue_wait_s + prefill)  # see evaluation(): a whole TTFT
             feasible = feasible_with_prefill(standing, slo, prefill)
         if not feasible:  # measured or declared outside the SLO
             if not reject:

@@ -1,5 +1,6 @@
 """Backends as performance models: the emulators' engine (seats, a FIFO queue, continuous batching,
-TTFT with its spread and prefill) in virtual time, driven by the same ``Profile`` the emulators use.
+TTFT with its spread and prefill of the uncached prompt, a prefix cache) in virtual time, driven by the
+same ``Profile`` the emulators use.
 
 Every running stream decodes at ``profile.per_stream_tokens_per_s(running)``; the model integrates
 that speed (``progress``: tokens one stream has made since the start) and keeps decoding streams on a
@@ -15,8 +16,9 @@ from collections import deque
 from typing import Any, Literal, Protocol
 
 from gateway.emulator.profiles import Profile
+from gateway.simulate.caches import PrefixCacheModel, cache_for
 from gateway.simulate.timeline import Timeline
-from gateway.simulate.workload import Fault
+from gateway.simulate.workload import Fault, PromptShape
 
 JobState = Literal["new", "waiting", "prefill", "decode", "done", "failed", "cancelled"]
 FailureKind = Literal["connect_error", "upstream_error", "dropped"]
@@ -25,11 +27,16 @@ FailureKind = Literal["connect_error", "upstream_error", "dropped"]
 class Job:
     """One attempt on one backend; ``owner`` is whatever the engine hangs on it."""
 
-    __slots__ = ("added_ttft_s", "admitted_at", "first_token_at", "http_status", "output_tokens", "owner",
-                 "prompt_tokens", "state", "submitted_at", "target")  # fmt: skip
+    __slots__ = ("added_ttft_s", "admitted_at", "cached_tokens", "first_token_at", "http_status",
+                 "output_tokens", "owner", "prompt_tokens", "shape", "state", "submitted_at",
+                 "target")  # fmt: skip
 
-    def __init__(self, prompt_tokens: int, output_tokens: int, owner: Any) -> None:
+    def __init__(
+        self, prompt_tokens: int, output_tokens: int, owner: Any, shape: PromptShape | None = None
+    ) -> None:
         self.prompt_tokens = prompt_tokens
+        self.shape = shape  # message boundaries for the backend's prefix cache (caches.py)
+        self.cached_tokens = 0  # found in that cache when it was seated: only the rest is prefilled
         self.output_tokens = output_tokens
         self.owner = owner
         self.state: JobState = "new"
@@ -74,6 +81,7 @@ class BackendModel:
         self.added_ttft_s = 0.0
         self.error_rate = 0.0
         self.generated_tokens = 0
+        self.cache: PrefixCacheModel | None = cache_for(profile)
 
     # -- what the gateway's scraper would read ------------------------------------------------------
 
@@ -158,7 +166,9 @@ class BackendModel:
         self.running.add(job)
         job.state = "prefill"
         job.admitted_at = self.timeline.now
-        ttft = self.profile.ttft_s(job.prompt_tokens, self.rng) + job.added_ttft_s
+        if self.cache is not None and job.shape is not None:
+            job.cached_tokens = self.cache.serve(job.shape, job.prompt_tokens, self.timeline.now)
+        ttft = self.profile.ttft_s(job.prompt_tokens - job.cached_tokens, self.rng) + job.added_ttft_s
         self.timeline.schedule(self.timeline.now + ttft, self._first_token, job)
         self._reschedule()
 

@@ -55,6 +55,8 @@ class Outcome(NamedTuple):
     within_slo: bool
     attempts: int
     error: str | None
+    prompt_tokens: int = 0  # of the answered attempt
+    cached_tokens: int = 0  # of those, found in the serving backend's prefix cache
 
 
 @dataclass
@@ -125,6 +127,7 @@ class Simulation:
         self._api_spend: dict[str, float] = {}
         self._end_of_run = False
         self._request_ids = itertools.count()
+        self.current_request: SimRequest | None = None  # the one being decided, for routers that key on it
 
     def wall(self) -> float:
         return self.start_wall + self.timeline.now
@@ -194,7 +197,7 @@ class Simulation:
         self._admit(flight, decision)
 
     def _decide(self, flight: _Flight) -> Decision:
-        req = flight.req
+        req = self.current_request = flight.req
         features = RequestFeatures(flight.route.name, req.prompt_tokens, req.max_tokens, req.stream)
         return self.router.decide(self, features, flight.route)
 
@@ -229,7 +232,7 @@ class Simulation:
             output = flight.req.output_tokens
             if flight.req.max_tokens is not None:
                 output = min(output, flight.req.max_tokens)
-            job = flight.job = Job(flight.req.prompt_tokens, output, flight)
+            job = flight.job = Job(flight.req.prompt_tokens, output, flight, flight.req.shape)
             self.models[name].submit(job)
             wait = min(self.policy.backends[name].timeouts.first_byte_s, flight.deadline - now)
             self.timeline.schedule(now + wait, self._first_byte_timeout, job)
@@ -269,13 +272,18 @@ class Simulation:
             attempt.first_answer_s = attempt.ttft_s + (now - first) * share
         attempt.decode_s = now - first
         attempt.token_chunks = job.output_tokens
-        attempt.usage = usage = Usage(flight.req.prompt_tokens, job.output_tokens, reasoning)
+        usage = Usage(flight.req.prompt_tokens, job.output_tokens, reasoning, job.cached_tokens)
+        attempt.usage = usage
         self.stats.attempt_finished(flight.ticket, attempt, flight.route.name)
         observe = getattr(self.router, "observe", None)
         if observe is not None and attempt.ttft_s is not None:
             observe(name, attempt.ttft_s)  # routers that learn from answers (lowest latency)
+        answered = getattr(self.router, "answered", None)
+        if answered is not None:
+            answered(flight.req, name, job.cached_tokens, now)  # routers that index prefixes
         backend = self.policy.backends[name]
-        cost = attempt_cost(backend, usage, self.stats.view(name).aggregate_tokens_per_s)
+        view = self.stats.view(name)
+        cost = attempt_cost(backend, usage, view.aggregate_tokens_per_s, view.prefill_tokens_per_s)
         flight.observation.cost_usd = (flight.observation.cost_usd or 0.0) + cost.usd
         if backend.token_prices is not None:
             self._api_spend[name] = self._api_spend.get(name, 0.0) + cost.usd
@@ -334,6 +342,8 @@ class Simulation:
                 ok and _within_slo(flight.route, ttft, decode),
                 len(observation.attempts),
                 error,
+                flight.req.prompt_tokens if ok else 0,
+                flight.job.cached_tokens if ok and flight.job is not None else 0,
             )
         )
 

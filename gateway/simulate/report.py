@@ -35,6 +35,7 @@ def summarize(result: RunResult) -> dict[str, Any]:
     output_within = sum(o.output_tokens for o in within)
     ttfts = sorted(o.ttft_s for o in ok if o.ttft_s is not None)
     answered = Counter(o.backend for o in ok)
+    prompt = sum(o.prompt_tokens for o in ok)
     failures = Counter(o.error or "failed" for o in outcomes if not o.ok)
     return {
         "name": result.name,
@@ -50,6 +51,7 @@ def summarize(result: RunResult) -> dict[str, Any]:
         "output_tokens_within_slo": output_within,
         "usd_per_mtok_out": _per_mtok(total, output),
         "usd_per_mtok_within_slo": _per_mtok(total, output_within),
+        "cache_hit_rate": sum(o.cached_tokens for o in ok) / prompt if prompt else None,  # prompt tokens
         "ttft_p50_s": quantile(ttfts, 0.50),
         "ttft_p95_s": quantile(ttfts, 0.95),
         "ttft_p99_s": quantile(ttfts, 0.99),

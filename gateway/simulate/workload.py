@@ -129,6 +129,11 @@ class WorkloadFile(_Strict):
         return self
 
 
+# A prompt's shape for the prefix caches: (ends, hashes), the prompt tokens up to each message
+# boundary and a hash chained over every message up to it (gateway.measure.prefix_index's PromptKeys).
+PromptShape = tuple[tuple[int, ...], tuple[int, ...]]
+
+
 class SimRequest(NamedTuple):
     """One request of the workload; ``at`` is seconds from the run's start."""
 
@@ -139,6 +144,8 @@ class SimRequest(NamedTuple):
     reasoning_tokens: int
     max_tokens: int | None
     stream: bool
+    session: int = -1  # an agent session's number (agents.py); -1: a one-off request
+    shape: PromptShape | None = None  # None: a prompt no cache can help (unique from its first token)
 
 
 class Workload(NamedTuple):

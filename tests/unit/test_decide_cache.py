@@ -120,7 +120,8 @@ def test_a_long_uncached_prompt_adds_its_prefill_to_the_predicted_ttft() -> None
     cold = _decide({}, _idle()).evaluation("b300-a")
     warm = _decide({"b300-a": PROMPT - 1000}, _idle()).evaluation("b300-a")
     assert cold is not None and warm is not None and cold.ttft_p95_s is not None
-    assert abs(cold.ttft_p95_s - (1.0 + PROMPT / 12_000.0)) < 1e-9
+    # The prefill speed is measured over whole TTFTs, so the prefill stands for the whole TTFT.
+    assert abs(cold.ttft_p95_s - max(1.0, PROMPT / 12_000.0)) < 1e-9
     assert warm.ttft_p95_s == 1.0
 
 
