@@ -26,6 +26,8 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
+from gateway.request.dialect import text_chars
+
 FIRST_BOUNDARIES = 2  # the system prompt's end and the first turn's (fixed: prompt_keys unrolls them)
 LAST_BOUNDARIES = 4  # the newest message ends: the previous turn's prompt ended at one of them
 SAMPLE_CHARS = 32  # of each end of a message's text, in its signature
@@ -51,24 +53,6 @@ class PromptKeys(NamedTuple):
 NO_KEYS = PromptKeys((), ())
 
 
-def _text_chars(content: Any) -> int:
-    """Characters of a message's text, counted as the prompt's token estimate counts them
-    (``gateway.request.dialect.prompt_chars``), so that the boundaries add up to the prompt."""
-    if isinstance(content, str):
-        return len(content)
-    if isinstance(content, list):
-        total = 0
-        for part in content:
-            if isinstance(part, str):
-                total += len(part)
-            elif isinstance(part, dict):
-                text = part.get("text")
-                if isinstance(text, str):
-                    total += len(text)
-        return total
-    return 0
-
-
 def _sample(text: str) -> int:
     """CRC-32 of the text's first and last ``SAMPLE_CHARS`` characters: with its length beside it, what
     sets one message apart (templated tasks differ at the head, conversations' own words at the end)."""
@@ -92,7 +76,7 @@ def _signature(message: Any) -> int:
         last = content[-1]
         text = last if isinstance(last, str) else last.get("text") if isinstance(last, dict) else None
         sample = _sample(text) if isinstance(text, str) else 0
-        return hash((len(content), _text_chars(content), sample))
+        return hash((len(content), text_chars(content), sample))
     calls = message.get("tool_calls")
     if isinstance(calls, list) and calls and isinstance(calls[0], dict):
         call_id = calls[0].get("id")
@@ -103,7 +87,7 @@ def _signature(message: Any) -> int:
 def _chars_of(message: Any) -> int:
     if isinstance(message, dict):
         content = message.get("content")
-        return len(content) if isinstance(content, str) else _text_chars(content)
+        return len(content) if isinstance(content, str) else text_chars(content)
     return 0
 
 
@@ -134,7 +118,7 @@ def prompt_keys(
         chars = len(content)
         first = hash((chars, _sample(content)))
     else:
-        first, chars = _signature(first_message), _text_chars(content)
+        first, chars = _signature(first_message), text_chars(content)
     if count == 1:
         return PromptKeys((math.ceil(chars / chars_per_token),), (hash((1, chars, first)),), client_key)
     # The second (the task) identifies the conversation: every later key is chained to it.
@@ -153,7 +137,7 @@ def prompt_keys(
         for i in range(count - 1, tail_from - 1, -1):
             message = messages[i]
             content = message.get("content") if type(message) is dict else None
-            size = len(content) if type(content) is str else _text_chars(content)
+            size = len(content) if type(content) is str else text_chars(content)
             tail_ends.append(math.ceil(upto / chars_per_token))
             tail_hashes.append(hash((i, upto, size, anchor)))
             upto -= size

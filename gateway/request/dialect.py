@@ -77,7 +77,7 @@ def read_completion(
     answer = reasoning = 0
     for choice in choices if isinstance(choices, list) else []:
         if isinstance(choice, dict):
-            a, r = message_text_chars(choice.get("message", choice))
+            a, r = messagetext_chars(choice.get("message", choice))
             answer, reasoning = answer + a, reasoning + r
     reasoning_tokens = estimate_tokens(reasoning, chars_per_token)
     usage = usage_from(parsed.get("usage"), reasoning_tokens)
@@ -113,17 +113,17 @@ def prompt_chars(payload: dict[str, Any]) -> int:
     if isinstance(messages, list):
         for message in messages:
             if isinstance(message, dict):
-                total += _text_chars(message.get("content"))
+                total += text_chars(message.get("content"))
     else:
-        total += _text_chars(payload.get("prompt"))
+        total += text_chars(payload.get("prompt"))
     return total
 
 
-def message_text_chars(message: Any) -> tuple[int, int]:
+def messagetext_chars(message: Any) -> tuple[int, int]:
     """(answer chars, reasoning chars) of a non-streamed chat message or completion choice."""
     if not isinstance(message, dict):
         return 0, 0
-    answer = _text_chars(message.get("content", message.get("text")))
+    answer = text_chars(message.get("content", message.get("text")))
     reasoning = 0
     for field in REASONING_FIELDS:
         value = message.get(field)
@@ -132,7 +132,9 @@ def message_text_chars(message: Any) -> tuple[int, int]:
     return answer, reasoning
 
 
-def _text_chars(content: Any) -> int:
+def text_chars(content: Any) -> int:
+    """Characters of a message's text (a string, or the text parts of a list): what the prompt's
+    token estimate counts, and what the prefix index's boundaries add up to."""
     if isinstance(content, str):
         return len(content)
     if isinstance(content, list):
