@@ -2,7 +2,8 @@
 cheap enough to compute on every request, aging out as that backend's own cache would (a TTL and a
 capacity in tokens; the TTL adjusted by the cached tokens the backend reports).
 
-Pure: no I/O and nothing from the request path, so the simulator feeds the same index in virtual time.
+Pure: no I/O and no state of the request path (only the dialect's character count, so the boundaries add
+up to the prompt's token estimate), so the simulator feeds the same index in virtual time.
 
 Keys. An engine's prefix cache chains a hash over every block of the prompt; hashing the whole prompt
 again here would cost ~1.5 us per message. Instead a key sits only at a message's end (where one turn's
