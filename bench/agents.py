@@ -13,7 +13,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
-import random
 import sqlite3
 import sys
 import time
@@ -172,7 +171,7 @@ async def _send_all(base_url: str, requests: list[SimRequest], time_scale: float
 
 
 def through_gateway(work: Workload, tmp: Path, time_scale: float) -> dict[str, Any]:
-    from tests.conftest import emulated_clock, running_gateway
+    from tests.conftest import measured_gateway
     from tests.servers import ProcessServer, free_port, python_module, wait_http
 
     os.environ["AGENTS_PAID_KEY"] = PAID_KEY
@@ -186,11 +185,7 @@ def through_gateway(work: Workload, tmp: Path, time_scale: float) -> dict[str, A
             wait_http(url + "/health")
         path = tmp / "gateway-policy.yaml"
         path.write_text(policy_text(urls, time_scale))
-        options = {"clock": emulated_clock(time_scale), "rng": random.Random(7), "ledger_path": ledger}
-        with running_gateway(path, **options) as gateway:
-            deadline = time.monotonic() + 30
-            while not gateway.runtime.probes.idle and time.monotonic() < deadline:
-                time.sleep(0.05)  # it starts measured: every backend probed once
+        with measured_gateway(path, ledger, time_scale) as gateway:
             statuses = asyncio.run(_send_all(gateway.base_url, work.requests, time_scale))
     finally:
         server.stop()

@@ -16,7 +16,6 @@ import argparse
 import asyncio
 import json
 import os
-import random
 import sqlite3
 import sys
 import tempfile
@@ -32,7 +31,7 @@ from gateway.simulate.baselines import baseline_names, make_router
 from gateway.simulate.engine import Simulation
 from gateway.simulate.report import quantile, summarize
 from gateway.simulate.workload import SimRequest, Workload, WorkloadFile, synthesize
-from tests.conftest import emulated_clock, running_gateway
+from tests.conftest import measured_gateway
 from tests.simulate.fidelity import PAID_KEY, emulator_process, prompt_of
 
 SLO_S = 2.0
@@ -137,11 +136,7 @@ def through_gateway(work: Workload, tmp: Path, time_scale: float) -> dict[str, A
     with emulator_process(time_scale) as urls:
         path = tmp / "gateway-policy.yaml"
         path.write_text(policy_text(urls, time_scale))
-        options = {"clock": emulated_clock(time_scale), "rng": random.Random(7), "ledger_path": ledger}
-        with running_gateway(path, **options) as gateway:
-            deadline = time.monotonic() + 30
-            while not gateway.runtime.probes.idle and time.monotonic() < deadline:
-                time.sleep(0.05)  # it starts measured: every backend probed once
+        with measured_gateway(path, ledger, time_scale) as gateway:
             statuses = asyncio.run(_send_all(gateway.base_url, work.requests, time_scale))
     conn = sqlite3.connect(ledger)
     rows = conn.execute("SELECT backend, cost_usd, ttft_s, status, cost_basis FROM requests").fetchall()

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import random
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -146,6 +147,18 @@ def running_gateway(policy_path: Path, **runtime_options: Any) -> Iterator[Gatew
 def emulated_clock(time_scale: float) -> Callable[[], float]:
     """The gateway's clock in the emulators' time: with time_scale 0.02 one real second is fifty."""
     return lambda: time.monotonic() / time_scale
+
+
+@contextlib.contextmanager
+def measured_gateway(policy_path: Path, ledger: Path, time_scale: float) -> Iterator[Gateway]:
+    """The gateway in the emulators' time with a seeded rng (the benchmarks compare runs), handed over
+    once its start-up probes have measured every backend, as a deployment's ``/ready`` waits for them."""
+    options = {"clock": emulated_clock(time_scale), "rng": random.Random(7), "ledger_path": ledger}
+    with running_gateway(policy_path, **options) as gateway:
+        deadline = time.monotonic() + 30
+        while not gateway.runtime.probes.idle and time.monotonic() < deadline:
+            time.sleep(0.05)
+        yield gateway
 
 
 @pytest.fixture
