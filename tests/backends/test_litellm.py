@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -77,6 +78,11 @@ def gateway(
     path = tmp_path / "policy.yaml"
     path.write_text(policy(upstreams, claude))
     with running_gateway(path) as gateway:
+        # The first request waits for the start-up probes: sent sooner (a loaded machine), it can find
+        # claude's probe answered and the pool's not, and a measured candidate outranks an unmeasured one.
+        deadline = time.monotonic() + 30
+        while not gateway.runtime.probes.idle and time.monotonic() < deadline:
+            time.sleep(0.05)
         yield gateway
     upstreams.reset()
     httpx.delete(claude.url + "/emulator/faults")
