@@ -17,9 +17,8 @@ from collections.abc import Mapping
 from gateway.measure.backend_stats import BackendView
 from gateway.policy.compiled import CompiledBackend
 
-AFFINITY_MIN_SHARE = (
-    0.3  # of the prompt (SGLang's cache_threshold default), held by one replica beyond all ...
-)
+# SGLang's cache_threshold default: of the prompt, held by one replica beyond what all of them hold ...
+AFFINITY_MIN_SHARE = 0.3
 AFFINITY_MIN_TOKENS = 2048  # ... and at least this many tokens: less is cheap to prefill anywhere
 BALANCE_ABS = 8  # requests more than the least loaded replica ...
 BALANCE_REL = 1.5  # ... and this many times as many: the holder is out of balance
