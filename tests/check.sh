@@ -77,6 +77,9 @@ if ! $fast; then
   bash tests/clients/setup_codex.sh >/dev/null
   step "real agent clients (Claude Code from npm, pinned, cached outside the repo)"
   bash tests/clients/setup_claude_code.sh >/dev/null
+  step "the engines' own sources at the pinned versions (contract citations are checked against them)"
+  ENGINE_SOURCES="$(bash tests/contract/setup_engine_sources.sh)"
+  export ENGINE_SOURCES
 fi
 
 step "format (ruff format --check)"
