@@ -24,7 +24,7 @@ from tests.spend.conftest import ledger_rows
 HELLO = [{"role": "user", "content": "Say hello"}]
 
 
-def pool(name: str, url: str, *, resume: str | None = None) -> str:
+def pool(name: str, url: str, *, resume: str | None = None, usd_per_hour: float = 62.93) -> str:
     extra = f"\n    resume: {resume}" if resume else ""
     return f"""
   {name}:
@@ -33,13 +33,13 @@ def pool(name: str, url: str, *, resume: str | None = None) -> str:
     model: moonshotai/Kimi-K3
     family: kimi-k3
     thinking: mandatory
-    pricing: {{gpu_hours: {{usd_per_hour: 62.93, accounting: marginal}}}}
+    pricing: {{gpu_hours: {{usd_per_hour: {usd_per_hour}, accounting: marginal}}}}
     timeouts: {{first_byte_s: 5, idle_s: 2}}{extra}"""
 
 
 def policy(pool_a: str, pool_b: str, paid: str) -> str:
     return f"""
-backends:{pool("pool-a", pool_a)}{pool("pool-b", pool_b)}
+backends:{pool("pool-a", pool_a)}{pool("pool-b", pool_b, usd_per_hour=62.94)}
   api:
     dialect: openai
     url: {paid}/v1
@@ -70,6 +70,8 @@ routes:
     exploration: 0
 # These tests choose where a stream starts by route order: a start-up probe could tell the two equal
 # pools apart by a few milliseconds of TTFT, and its request would share the emulators' fault knobs.
+# pool-b is priced a cent apart so that it is a second pool, not a replica of pool-a (same family at the
+# same price: the decision would spread streams over the two by load, policy/affinity.py).
 tuning: {{probes: {{on_start: false}}}}
 """
 
