@@ -155,10 +155,16 @@ def measured_gateway(policy_path: Path, ledger: Path, time_scale: float) -> Iter
     once its start-up probes have measured every backend, as a deployment's ``/ready`` waits for them."""
     options = {"clock": emulated_clock(time_scale), "rng": random.Random(7), "ledger_path": ledger}
     with running_gateway(policy_path, **options) as gateway:
-        deadline = time.monotonic() + 30
-        while not gateway.runtime.probes.idle and time.monotonic() < deadline:
-            time.sleep(0.05)
+        wait_for_start_up_probes(gateway)
         yield gateway
+
+
+def wait_for_start_up_probes(gateway: Gateway, within_s: float = 30.0) -> None:
+    """Until the gateway's start-up probes have answered (at most ``within_s``): a first request sent
+    sooner can find one candidate measured and another not, and a measured one outranks the unmeasured."""
+    deadline = time.monotonic() + within_s
+    while not gateway.runtime.probes.idle and time.monotonic() < deadline:
+        time.sleep(0.05)
 
 
 @pytest.fixture

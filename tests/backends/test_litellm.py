@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -15,7 +14,7 @@ import openai
 import pytest
 
 from gateway.emulator import create_emulator_app
-from tests.conftest import TIME_SCALE, Gateway, Upstreams, running_gateway
+from tests.conftest import TIME_SCALE, Gateway, Upstreams, running_gateway, wait_for_start_up_probes
 from tests.doors.ledger import ANSWER, THINKING, ledger_row, settled_request_id
 from tests.servers import ThreadedServer, threaded_server
 
@@ -78,11 +77,9 @@ def gateway(
     path = tmp_path / "policy.yaml"
     path.write_text(policy(upstreams, claude))
     with running_gateway(path) as gateway:
-        # The first request waits for the start-up probes: sent sooner (a loaded machine), it can find
-        # claude's probe answered and the pool's not, and a measured candidate outranks an unmeasured one.
-        deadline = time.monotonic() + 30
-        while not gateway.runtime.probes.idle and time.monotonic() < deadline:
-            time.sleep(0.05)
+        # claude's probe can answer before the pool's on a loaded machine: the pool test's first
+        # request would then go to claude.
+        wait_for_start_up_probes(gateway)
         yield gateway
     upstreams.reset()
     httpx.delete(claude.url + "/emulator/faults")
