@@ -42,7 +42,7 @@ def policy_text(backends: int) -> str:
 
 
 def finished_attempt(backend: str, started: float, ttft_s: float, tokens_per_s: float) -> Any:
-    from gateway.request.observation import Attempt, Usage
+    from gateway.values.observation import Attempt, Usage
 
     completion = 900
     return Attempt(

@@ -49,8 +49,8 @@ def per_chunk_us(door: str, events: list[bytes], streams: int) -> float:
     from gateway.doors.anthropic_stream import MessagesStream
     from gateway.doors.responses_answer import response_shell
     from gateway.doors.responses_stream import ResponsesStream
-    from gateway.request.meter import StreamMeter
-    from gateway.request.observation import Attempt
+    from gateway.measure.meter import StreamMeter
+    from gateway.values.observation import Attempt
 
     def translator() -> Any:
         if door == "messages":

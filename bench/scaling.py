@@ -45,7 +45,7 @@ from bench.loadgen import closed_loop
 from bench.procs import Proc, core_busy_s, pin_self, start, start_redis
 from bench.run import Progress, loadavg, machine
 from bench.suite import Settings, Way, latency_summary, paced, wait_ready
-from gateway.request.auth import digest_of, new_key
+from gateway.values.auth import digest_of, new_key
 
 RESULTS = servers.BENCH / "results"
 GOAL = "two workers >= 1.7x one worker's throughput"

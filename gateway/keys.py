@@ -8,7 +8,7 @@ import sys
 from gateway.policy.compiled import CompiledPolicy
 from gateway.policy.load import PolicyError, load_policy
 from gateway.policy.schema import Budgets, RateLimit
-from gateway.request.auth import ALL_ROUTES, ApiKey, new_key, policy_line
+from gateway.values.auth import ALL_ROUTES, ApiKey, new_key, policy_line
 
 DIGEST_SHOWN = 8  # enough to tell keys apart, too little to be the digest
 

@@ -9,7 +9,7 @@ import sys
 from collections.abc import Callable
 from typing import TextIO
 
-from gateway.request.observation import Observation
+from gateway.values.observation import Observation
 
 
 def request_line(observation: Observation) -> str:

@@ -26,7 +26,6 @@ from gateway.backends import Backends
 from gateway.errors import GatewayError, UpstreamClientError, UpstreamError
 from gateway.ledger import row_of
 from gateway.ledger.settings import open_ledger, replica_name, resolve_ledger
-from gateway.ledger.view import LedgerView
 from gateway.measure.backend_stats import backend_state
 from gateway.measure.demand import DemandSignal
 from gateway.measure.fleet import Fleet
@@ -38,6 +37,7 @@ from gateway.measure.scraper import SignalScraper
 from gateway.measure.stats import AttemptTicket, LiveStats
 from gateway.metrics import GatewayMetrics
 from gateway.metrics.capacity import CapacityCollector
+from gateway.metrics.ledger_view import LedgerView
 from gateway.metrics.live import MetricSources
 from gateway.metrics.routing import RoutingCollector
 from gateway.money.budgets import Budgets, Reservation
@@ -47,11 +47,11 @@ from gateway.money.spend import SpendTally, seed_tally
 from gateway.policy.compiled import CompiledPolicy, CompiledRoute
 from gateway.policy.decide import Decision, DecisionMemo, RequestFeatures, decide
 from gateway.request.admission import InFlight
-from gateway.request.auth import ApiKey, AuthenticationFailed, PermissionDenied, authenticate
 from gateway.request.drain import Drain
-from gateway.request.observation import Attempt, Observation, Usage
 from gateway.request.waiting import WaitingRoom, retry_after_seconds
 from gateway.store import open_store
+from gateway.values.auth import ApiKey, AuthenticationFailed, PermissionDenied, authenticate
+from gateway.values.observation import Attempt, Observation, Usage
 
 log = logging.getLogger("gateway")
 

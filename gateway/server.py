@@ -27,11 +27,11 @@ from gateway.doors.reasoning_seal import ensure_key
 from gateway.ledger.settings import resolve_ledger
 from gateway.policy.load import PolicyError
 from gateway.policy.reload import PolicyHolder
-from gateway.request.auth import is_loopback
 from gateway.request.connection import ConnectionLimits, guarded_protocol
-from gateway.request.observation import Observation
 from gateway.runtime import Runtime
 from gateway.store import STORES
+from gateway.values.auth import is_loopback
+from gateway.values.observation import Observation
 
 log = logging.getLogger("gateway")
 WORKER_CONFIG_ENV = "GATEWAY_WORKER_CONFIG"  # how the parent configures each worker process

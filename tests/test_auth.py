@@ -13,7 +13,7 @@ import httpx
 import openai
 import pytest
 
-from gateway.request.auth import digest_of
+from gateway.values.auth import digest_of
 from tests.conftest import PAID_KEY, Gateway, Upstreams, policy_yaml, running_gateway
 
 TEAM_KEY = "gwk-team-a-0123456789abcdefghijklmnopqrstuvwxyz"

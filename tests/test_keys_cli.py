@@ -11,7 +11,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from gateway.request.auth import digest_of
+from gateway.values.auth import digest_of
 from tests.conftest import PAID_KEY, Upstreams, policy_yaml, running_gateway
 
 HELLO = [{"role": "user", "content": "hi"}]

@@ -16,8 +16,8 @@ from collections.abc import Iterator
 import httpx
 import pytest
 
+from gateway.measure.meter import StreamMeter
 from gateway.request.exchange import Exchange
-from gateway.request.meter import StreamMeter
 from gateway.request.streaming import StreamRelay
 from tests.conftest import Gateway, Upstreams
 from tests.test_exchange import HELLO, LeavingClient, eventually, no_probes, set_faults

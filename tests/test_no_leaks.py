@@ -20,7 +20,7 @@ import pytest
 from starlette.routing import Mount, Route
 
 from gateway.api import admin, dashboard, openai
-from gateway.request.auth import policy_line
+from gateway.values.auth import policy_line
 from tests.conftest import PAID_KEY, Gateway, Upstreams, running_gateway
 from tests.servers import threaded_server
 

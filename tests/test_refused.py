@@ -16,7 +16,7 @@ from typing import Any
 import httpx
 import pytest
 
-from gateway.request.auth import digest_of
+from gateway.values.auth import digest_of
 from tests.conftest import PAID_KEY, Gateway, Upstreams, policy_yaml, running_gateway
 from tests.servers import python_module
 from tests.spend.conftest import ledger_rows

@@ -71,7 +71,7 @@ def free_port() -> int:
 
 def policy_text(ports: dict[str, int]) -> str:
     """Three backends and a few routes; keys, so that the auth checks have something to check."""
-    from gateway.request.auth import digest_of
+    from gateway.values.auth import digest_of
 
     def url(name: str) -> str:
         return f"http://127.0.0.1:{ports[name]}"

@@ -17,8 +17,8 @@ from gateway.api.admin import runtime_of
 from gateway.doors.anthropic import MESSAGES, chat_payload
 from gateway.doors.openai import json_object, route_of
 from gateway.errors import BodyTooLarge, GatewayError
-from gateway.request.auth import authorize_route
-from gateway.request.dialect import estimate_tokens, prompt_chars
+from gateway.values.auth import authorize_route
+from gateway.values.dialect import estimate_tokens, prompt_chars
 
 
 async def count_tokens(request: Request) -> Response:

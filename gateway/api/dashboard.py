@@ -17,12 +17,12 @@ from starlette.types import Receive, Scope, Send
 from gateway.api.admin import admin_only, runtime_of
 from gateway.api.responses import json_response
 from gateway.errors import error_bytes
-from gateway.ledger.view import LedgerSnapshot
 from gateway.measure.demand import idle_usd_per_hour, pools_of
+from gateway.metrics.ledger_view import LedgerSnapshot
 from gateway.money.costs import SECONDS_PER_HOUR, effective_usd_per_mtok
 from gateway.policy.compiled import CompiledPolicy
-from gateway.request.observation import Observation
 from gateway.runtime import Runtime
+from gateway.values.observation import Observation
 
 STATIC_DIR = Path(__file__).resolve().parent.parent / "static"
 RECENT_SHOWN = 50

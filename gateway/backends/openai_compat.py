@@ -4,7 +4,7 @@ Calls go over ``gateway.backends.wire`` (HTTP/1.1 on asyncio protocols: a stream
 relay from the network callback, with no task wake-up per token), and so do the plain GETs that
 signals and health read (``fetch``). Every failure leaves here as ``AttemptFailure``, every
 answer as an ``OpenAICompatUpstream`` handle. Dialect differences that matter for measuring (usage
-shapes, reasoning fields) are read in ``gateway.request.dialect``.
+shapes, reasoning fields) are read in ``gateway.values.dialect``.
 """
 
 from __future__ import annotations

@@ -16,7 +16,7 @@ from starlette.responses import Response
 from gateway.errors import GatewayError
 from gateway.measure.prefix_index import NO_KEYS, PromptKeys
 from gateway.policy.compiled import CompiledPolicy, CompiledRoute
-from gateway.request.observation import Observation
+from gateway.values.observation import Observation
 
 
 @dataclass(slots=True)

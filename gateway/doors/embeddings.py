@@ -12,7 +12,7 @@ from gateway.doors import ClientRequest
 from gateway.doors.openai import json_object, route_of
 from gateway.errors import GatewayError, InvalidRequest
 from gateway.policy.compiled import CompiledPolicy
-from gateway.request.dialect import estimate_tokens
+from gateway.values.dialect import estimate_tokens
 
 if TYPE_CHECKING:
     from gateway.doors import Answering, StreamTranslator

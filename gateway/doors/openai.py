@@ -14,8 +14,8 @@ from gateway.api.responses import error_response
 from gateway.doors import ClientRequest
 from gateway.errors import GatewayError, InvalidRequest, MalformedBody, ModelNotFound
 from gateway.policy.compiled import CompiledPolicy, CompiledRoute
-from gateway.request.dialect import estimate_tokens, prompt_chars
 from gateway.request.streaming import error_event
+from gateway.values.dialect import estimate_tokens, prompt_chars
 
 if TYPE_CHECKING:
     from gateway.doors import Answering, StreamTranslator

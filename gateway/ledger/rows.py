@@ -9,7 +9,7 @@ from typing import Any, NamedTuple
 
 import orjson
 
-from gateway.request.observation import Observation
+from gateway.values.observation import Observation
 
 
 class LedgerRow(NamedTuple):

@@ -15,7 +15,7 @@ from gateway.measure.decayed import DecayedMean, DecayedSamples
 from gateway.measure.health import CircuitBreaker, CircuitState, is_backend_failure
 from gateway.measure.recovery import SpellWatch
 from gateway.measure.signals import LoadSignals
-from gateway.request.observation import Attempt
+from gateway.values.observation import Attempt
 
 _NO_ROUTES: Mapping[str, float] = MappingProxyType({})
 PREFILL_MIN_TOKENS = 8000  # uncached prompt tokens from which an attempt's TTFT is mostly prefill

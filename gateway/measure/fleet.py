@@ -20,8 +20,8 @@ from gateway.measure.prefix_index import PromptKeys
 from gateway.measure.prefixes import Prefixes
 from gateway.measure.stats import LiveStats
 from gateway.policy.compiled import CompiledPolicy
-from gateway.request.observation import Attempt, AttemptStatus, Usage
 from gateway.store import Message, Store
+from gateway.values.observation import Attempt, AttemptStatus, Usage
 
 log = logging.getLogger("gateway.measure.fleet")
 

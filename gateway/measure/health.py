@@ -9,7 +9,7 @@ from collections.abc import Callable, Mapping
 from types import MappingProxyType
 from typing import Literal
 
-from gateway.request.observation import Attempt
+from gateway.values.observation import Attempt
 
 CircuitState = Literal["closed", "open", "half_open"]
 CIRCUIT_STATE_CODES: Mapping[CircuitState, int] = MappingProxyType({"closed": 0, "open": 1, "half_open": 2})

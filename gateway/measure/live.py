@@ -21,8 +21,8 @@ import orjson
 from gateway.backends.base import Fetched
 from gateway.measure.boot import read_health
 from gateway.policy.compiled import CompiledBackend, CompiledPolicy
-from gateway.request.dialect import REASONING_FIELDS
 from gateway.request.resume import continuation_body
+from gateway.values.dialect import REASONING_FIELDS
 
 # (metric names tried in order, what routing reads from it) per dialect (docs/contracts/*.yaml, metrics).
 LOAD_SIGNALS: dict[str, list[tuple[tuple[str, ...], str]]] = {

@@ -27,7 +27,7 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
-from gateway.request.dialect import text_chars
+from gateway.values.dialect import text_chars
 
 FIRST_BOUNDARIES = 2  # the system prompt's end and the first turn's (fixed: prompt_keys unrolls them)
 LAST_BOUNDARIES = 4  # the newest message ends: the previous turn's prompt ended at one of them

@@ -8,7 +8,7 @@ from collections.abc import Callable, Iterable, Mapping
 from gateway.measure.prefix_index import NO_KEYS, PrefixIndex, PromptKeys
 from gateway.policy.compiled import CompiledPolicy, CompiledRoute
 from gateway.policy.evaluate import EMPTY_MAPPING, RequestFeatures
-from gateway.request.observation import Observation
+from gateway.values.observation import Observation
 
 DEFAULT_TTL_S = 300.0  # a backend no longer in the policy: as a paid API's cache
 DEFAULT_CAPACITY_TOKENS = 1 << 40

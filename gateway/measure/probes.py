@@ -20,11 +20,11 @@ import orjson
 from gateway.backends import UpstreamCall
 from gateway.errors import AttemptFailure
 from gateway.ledger import row_of
+from gateway.measure.meter import StreamMeter
 from gateway.measure.probe_plan import PROBE_PROMPT_TOKENS, DueProbe, ProbePlan
 from gateway.money.costs import attempt_cost
 from gateway.policy.compiled import CompiledBackend, CompiledPolicy
-from gateway.request.meter import StreamMeter
-from gateway.request.observation import Attempt, Observation
+from gateway.values.observation import Attempt, Observation
 
 if TYPE_CHECKING:
     from gateway.backends import Backends

@@ -10,7 +10,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 from gateway.policy.compiled import CompiledRoute
-from gateway.request.observation import Attempt
+from gateway.values.observation import Attempt
 
 
 @dataclass(frozen=True, slots=True)

@@ -12,7 +12,7 @@ from gateway.measure.backend_stats import BackendStats, BackendView
 from gateway.measure.health import CircuitBreaker, CircuitState
 from gateway.measure.recovery import NOT_EXCLUDED, RecoveryBar
 from gateway.measure.signals import LoadSignals
-from gateway.request.observation import Attempt
+from gateway.values.observation import Attempt
 
 
 @dataclass(frozen=True, slots=True)

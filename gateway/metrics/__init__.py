@@ -19,7 +19,7 @@ from typing import Any
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest, multiprocess
 
 from gateway.metrics.live import LiveCollector, MetricSources, Mirror
-from gateway.request.observation import Attempt, Observation
+from gateway.values.observation import Attempt, Observation
 from gateway.version import gateway_version
 
 TTFT_BUCKETS_S = (0.05, 0.1, 0.25, 0.5, 0.75, 1.0, 1.5, 2.0, 3.0, 5.0, 7.5, 10.0, 15.0, 30.0, 60.0, 120.0)

@@ -22,9 +22,9 @@ from gateway.money.costs import amortized_expected_cost
 from gateway.policy.compiled import CompiledBackend, CompiledPolicy, CompiledRoute
 from gateway.policy.decide import CandidateEval, Decision
 from gateway.policy.schema import Budgets as BudgetLimits
-from gateway.request.observation import Observation
 from gateway.store import ADMITTED, Ask, Store, Verdict, WindowCharge
 from gateway.store.memory import MemoryStore
+from gateway.values.observation import Observation
 
 Period = Literal["day", "month"]
 Scope = Literal["route", "key"]

@@ -11,7 +11,7 @@ from types import MappingProxyType
 
 from gateway.policy.compiled import CompiledBackend
 from gateway.policy.schema import Thinking
-from gateway.request.observation import Usage
+from gateway.values.observation import Usage
 
 SECONDS_PER_HOUR = 3600.0
 TOKENS_PER_MTOK = 1e6

@@ -11,8 +11,8 @@ from gateway.errors import GatewayError
 from gateway.policy.compiled import CompiledPolicy
 from gateway.policy.decide import Decision
 from gateway.policy.schema import RateLimit
-from gateway.request.observation import Observation
 from gateway.store import Store, Verdict, WindowCharge
+from gateway.values.observation import Observation
 
 
 class RateLimited(GatewayError):

@@ -32,7 +32,7 @@ from gateway.policy.schema import (
     WhenInfeasible,
 )
 from gateway.policy.tuning import Tuning
-from gateway.request.auth import ApiKey
+from gateway.values.auth import ApiKey
 
 
 @dataclass(frozen=True, slots=True)

@@ -33,7 +33,7 @@ from gateway.policy.document import (
 )
 from gateway.policy.reach import ReachProblem, api_key, clean, tls_context
 from gateway.policy.tuning import Tuning
-from gateway.request.auth import ApiKey
+from gateway.values.auth import ApiKey
 
 __all__ = ["PolicyError", "PolicyFileUnreadable", "Problem", "compile_policy_bytes", "load_policy"]
 

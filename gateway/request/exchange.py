@@ -18,8 +18,8 @@ from gateway.measure.prefix_index import NO_KEYS
 from gateway.measure.stats import AttemptTicket
 from gateway.policy.compiled import CompiledPolicy
 from gateway.policy.decide import Decision, RequestFeatures
-from gateway.request.auth import ApiKey
-from gateway.request.observation import Attempt, Observation, Usage
+from gateway.values.auth import ApiKey
+from gateway.values.observation import Attempt, Observation, Usage
 
 if TYPE_CHECKING:
     from gateway.money.budgets import Reservation

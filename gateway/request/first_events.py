@@ -10,7 +10,7 @@ from collections.abc import Callable
 from gateway.backends import UpstreamCall
 from gateway.backends.base import Upstream
 from gateway.errors import AttemptFailure
-from gateway.request.meter import StreamMeter
+from gateway.measure.meter import StreamMeter
 
 Clock = Callable[[], float]
 

@@ -18,7 +18,7 @@ from gateway.doors.openai import route_of
 from gateway.errors import GatewayError
 from gateway.policy.compiled import CompiledPolicy
 from gateway.request.exchange import Exchange
-from gateway.request.observation import Observation
+from gateway.values.observation import Observation
 
 log = logging.getLogger("gateway")
 LOGGED_MESSAGE_CHARS = 300

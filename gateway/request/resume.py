@@ -28,11 +28,11 @@ import orjson
 from gateway.backends import UpstreamCall
 from gateway.backends.chat_shape import shaped
 from gateway.errors import AttemptFailure
-from gateway.request.dialect import REASONING_FIELDS
+from gateway.measure.meter import StreamMeter
 from gateway.request.first_events import first_events
-from gateway.request.meter import StreamMeter
-from gateway.request.observation import Attempt, Usage
 from gateway.request.transcript import Transcript
+from gateway.values.dialect import REASONING_FIELDS
+from gateway.values.observation import Attempt, Usage
 
 if TYPE_CHECKING:
     from gateway.backends.base import Upstream

@@ -1,4 +1,4 @@
-"""The SSE relay: passes upstream bytes on as they arrive, measured on the way (``gateway.request.meter``).
+"""The SSE relay: passes upstream bytes on as they arrive, measured on the way (``gateway.measure.meter``).
 
 Events are forwarded untouched; the only one ever held back is the usage-only chunk the gateway
 asked for itself (``stream_options.include_usage``) when the client did not. Each event is parsed once,
@@ -14,12 +14,12 @@ from typing import TYPE_CHECKING, Any
 
 from gateway.backends.base import Upstream
 from gateway.errors import AttemptFailure, error_bytes
+from gateway.measure.meter import StreamMeter
 from gateway.request.connection import DirectBody, direct_body
-from gateway.request.dialect import insert_usage_cost
 from gateway.request.drain import SHUTDOWN_CODE, SHUTDOWN_MESSAGE
-from gateway.request.meter import StreamMeter
-from gateway.request.observation import Attempt
 from gateway.request.resume import resume_stream
+from gateway.values.dialect import insert_usage_cost
+from gateway.values.observation import Attempt
 
 if TYPE_CHECKING:
     from gateway.doors import StreamTranslator

@@ -21,7 +21,6 @@ from gateway.money.budgets import BudgetExhausted, Budgets, Reservation
 from gateway.money.costs import SECONDS_PER_HOUR, attempt_cost
 from gateway.policy.compiled import CompiledPolicy, CompiledRoute
 from gateway.policy.decide import Decision, DecisionMemo, RequestFeatures, decide
-from gateway.request.observation import Attempt, Observation, Usage
 from gateway.simulate.backends import BackendModel, FailureKind, Job
 from gateway.simulate.probing import ProbeFlight, SimProber
 from gateway.simulate.scraping import SimScraper
@@ -29,6 +28,7 @@ from gateway.simulate.timeline import Timeline
 from gateway.simulate.waiting import SimWaitingRoom
 from gateway.simulate.workload import Fault, SimRequest, Workload, backend_profile
 from gateway.store.memory import MemoryStore
+from gateway.values.observation import Attempt, Observation, Usage
 
 T = TypeVar("T")
 

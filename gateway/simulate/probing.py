@@ -15,9 +15,9 @@ from gateway.measure.probe_plan import PROBE_PROMPT_TOKENS, DueProbe, ProbePlan
 from gateway.measure.stats import AttemptTicket, LiveStats
 from gateway.money.costs import attempt_cost
 from gateway.policy.compiled import CompiledPolicy
-from gateway.request.observation import Attempt, AttemptStatus, Usage
 from gateway.simulate.backends import BackendModel, Job
 from gateway.simulate.timeline import Timeline
+from gateway.values.observation import Attempt, AttemptStatus, Usage
 
 # Virtual seconds between looks at what is due: the real prober looks every 50 ms of real time.
 TICK_S = 0.25

@@ -15,8 +15,8 @@ import pytest
 
 from gateway.backends.openai_compat import OpenAICompatClient
 from gateway.backends.wire import PAUSE_AT_BYTES, WireError, WirePool
-from gateway.request.meter import MAX_EVENT_BYTES, StreamMeter
-from gateway.request.observation import Attempt
+from gateway.measure.meter import MAX_EVENT_BYTES, StreamMeter
+from gateway.values.observation import Attempt
 from tests.backends.test_wire import RawServer, answer, chunk, head_for, read_request
 
 

@@ -15,7 +15,7 @@ from starlette.routing import Mount, Route
 
 from gateway.api.openai import HOT_PATHS
 from gateway.app import create_app
-from gateway.request.auth import digest_of
+from gateway.values.auth import digest_of
 from tests.conftest import Gateway, Upstreams, policy_yaml, running_gateway
 
 PATH_PARAM = re.compile(r"\{(\w+)(:\w+)?\}")  # Starlette's {name:converter} is OpenAPI's {name}

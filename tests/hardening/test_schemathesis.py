@@ -21,7 +21,7 @@ import orjson
 import pytest
 
 from bench.reliability.fuzz import CHECKS, TRACEBACK, summarize
-from gateway.request.auth import digest_of
+from gateway.values.auth import digest_of
 from tests.conftest import PAID_KEY, Gateway, Upstreams, policy_yaml, running_gateway
 
 ADMIN = "gwk-schemathesis-admin"

@@ -10,7 +10,7 @@ import pytest
 
 from gateway.policy.load import PolicyError, load_policy
 from gateway.policy.reload import PolicyHolder
-from gateway.request.auth import policy_line
+from gateway.values.auth import policy_line
 
 POLICY = """\
 backends:

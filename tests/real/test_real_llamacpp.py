@@ -23,7 +23,7 @@ from gateway.backends.base import Fetched
 from gateway.emulator.dialects import LlamaCppDialect
 from gateway.measure.boot import read_health
 from gateway.measure.signals import parse_llamacpp_metrics, parse_llamacpp_slots
-from gateway.request.observation import Observation
+from gateway.values.observation import Observation
 from tests.conftest import Gateway
 from tests.real.conftest import (
     BACKEND,

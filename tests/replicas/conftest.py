@@ -20,7 +20,7 @@ import httpx
 import pytest
 import redis
 
-from gateway.request.auth import digest_of
+from gateway.values.auth import digest_of
 from tests.conftest import PAID_KEY
 from tests.servers import ProcessServer, free_port, python_module, wait_http
 

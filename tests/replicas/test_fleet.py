@@ -16,7 +16,7 @@ import httpx
 import pytest
 
 from gateway.money.budgets import counter_key
-from gateway.request.auth import digest_of
+from gateway.values.auth import digest_of
 from tests.conftest import Upstreams, policy_yaml
 
 from .conftest import (

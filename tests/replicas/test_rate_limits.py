@@ -11,7 +11,7 @@ from typing import Any
 import httpx
 import pytest
 
-from gateway.request.auth import digest_of
+from gateway.values.auth import digest_of
 from tests.conftest import PAID_KEY, Gateway, Upstreams, policy_yaml, running_gateway
 
 from .conftest import HELLO

@@ -16,7 +16,7 @@ from gateway.policy.schema import (
     Timeouts,
     WhenInfeasible,
 )
-from gateway.request.observation import Attempt, AttemptStatus, Usage
+from gateway.values.observation import Attempt, AttemptStatus, Usage
 
 MTOK = 1e6
 

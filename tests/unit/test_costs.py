@@ -15,7 +15,7 @@ from gateway.money.costs import (
     prior_output_tokens,
 )
 from gateway.policy.compiled import CompiledBackend
-from gateway.request.observation import Usage
+from gateway.values.observation import Usage
 from tests.unit.factories import FakeClock, api_backend, pool_backend, serve
 
 

@@ -21,9 +21,9 @@ from gateway.doors.embeddings import EMBEDDINGS
 from gateway.doors.openai import CHAT, COMPLETIONS
 from gateway.doors.responses import RESPONSES
 from gateway.errors import InvalidRequest
+from gateway.measure.meter import StreamMeter
 from gateway.policy.load import PolicyError, compile_policy_text
-from gateway.request.meter import StreamMeter
-from gateway.request.observation import Attempt
+from gateway.values.observation import Attempt
 
 # bench/reliability/fuzz.py runs these with more examples (GATEWAY_PROPERTY_EXAMPLES).
 EXAMPLES = int(os.environ.get("GATEWAY_PROPERTY_EXAMPLES", "300"))

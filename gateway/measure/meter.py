@@ -10,8 +10,8 @@ from typing import TYPE_CHECKING, Any
 import orjson
 
 from gateway.errors import AttemptFailure, scrubbed
-from gateway.request.dialect import REASONING_FIELDS, counted_usage, usage_from
-from gateway.request.observation import Attempt, Usage
+from gateway.values.dialect import REASONING_FIELDS, counted_usage, usage_from
+from gateway.values.observation import Attempt, Usage
 
 if TYPE_CHECKING:
     from gateway.request.transcript import Transcript

@@ -12,7 +12,7 @@ from typing import Any
 
 import orjson
 
-from gateway.request.observation import Usage
+from gateway.values.observation import Usage
 
 REASONING_FIELDS = ("reasoning", "reasoning_content")
 CHARS_PER_TOKEN = 4.0  # the usual rough ratio for English text (the policy's tuning.chars_per_token)
