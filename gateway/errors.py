@@ -31,6 +31,7 @@ import re
 from typing import Any
 
 import orjson
+from starlette.responses import Response
 
 
 class GatewayError(Exception):
@@ -213,6 +214,18 @@ class AttemptFailure(Exception):
 
 def error_bytes(status_message: str, type_: str = "server_error", code: str | None = None) -> bytes:
     return orjson.dumps({"error": {"message": status_message, "type": type_, "param": None, "code": code}})
+
+
+def error_event(message: str, code: str) -> bytes:
+    """The error as the SSE event that ends an OpenAI stream (the relay's and the OpenAI doors')."""
+    return b"data: " + error_bytes(message, "upstream_error", code) + b"\n\n"
+
+
+def error_response(exc: GatewayError) -> Response:
+    """The error as a whole JSON response, for a door or a handler that answers before any stream."""
+    return Response(
+        exc.to_bytes(), status_code=exc.status, headers=exc.headers(), media_type="application/json"
+    )
 
 
 # What an upstream's own text may hold that no client of the gateway should read, most specific first.

@@ -12,7 +12,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from gateway.doors import anthropic_errors
-from gateway.errors import GatewayError, error_bytes
+from gateway.errors import GatewayError, error_bytes, error_response
 
 log = logging.getLogger("gateway")
 
@@ -22,12 +22,6 @@ _HTTP_ERROR_TYPES = {404: "not_found_error", 405: "invalid_request_error"}
 
 def json_response(content: Any, status: int = 200, headers: dict[str, str] | None = None) -> Response:
     return Response(orjson.dumps(content), status_code=status, headers=headers, media_type="application/json")
-
-
-def error_response(exc: GatewayError) -> Response:
-    return Response(
-        exc.to_bytes(), status_code=exc.status, headers=exc.headers(), media_type="application/json"
-    )
 
 
 def internal_error_response() -> Response:

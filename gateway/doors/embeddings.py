@@ -7,10 +7,9 @@ from typing import TYPE_CHECKING, Any
 
 from starlette.responses import Response
 
-from gateway.api.responses import error_response
 from gateway.doors import ClientRequest
 from gateway.doors.openai import json_object, route_of
-from gateway.errors import GatewayError, InvalidRequest
+from gateway.errors import GatewayError, InvalidRequest, error_response
 from gateway.policy.compiled import CompiledPolicy
 from gateway.values.dialect import estimate_tokens
 

@@ -10,11 +10,16 @@ from typing import TYPE_CHECKING, Any
 import orjson
 from starlette.responses import Response
 
-from gateway.api.responses import error_response
 from gateway.doors import ClientRequest
-from gateway.errors import GatewayError, InvalidRequest, MalformedBody, ModelNotFound
+from gateway.errors import (
+    GatewayError,
+    InvalidRequest,
+    MalformedBody,
+    ModelNotFound,
+    error_event,
+    error_response,
+)
 from gateway.policy.compiled import CompiledPolicy, CompiledRoute
-from gateway.request.streaming import error_event
 from gateway.values.dialect import estimate_tokens, prompt_chars
 
 if TYPE_CHECKING:

@@ -12,14 +12,13 @@ from typing import TYPE_CHECKING, Any
 import orjson
 from starlette.responses import Response
 
-from gateway.api.responses import error_response
 from gateway.doors.openai import translated_request
 from gateway.doors.reasoning_seal import KEY_ENV, Sealer, sealer_from
 from gateway.doors.responses_answer import ResponsesState, response_of, response_shell
 from gateway.doors.responses_input import History
 from gateway.doors.responses_stream import ResponsesStream
 from gateway.doors.responses_tools import chat_tool_choice, tool_notes, toolbox
-from gateway.errors import GatewayError, InvalidRequest
+from gateway.errors import GatewayError, InvalidRequest, error_response
 from gateway.policy.compiled import CompiledPolicy
 
 if TYPE_CHECKING:

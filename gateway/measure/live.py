@@ -19,9 +19,9 @@ import httpx
 import orjson
 
 from gateway.backends.base import Fetched
+from gateway.backends.continuation import continuation_body
 from gateway.measure.boot import read_health
 from gateway.policy.compiled import CompiledBackend, CompiledPolicy
-from gateway.request.resume import continuation_body
 from gateway.values.dialect import REASONING_FIELDS
 
 # (metric names tried in order, what routing reads from it) per dialect (docs/contracts/*.yaml, metrics).
@@ -244,7 +244,7 @@ async def _continuation(
     client: httpx.AsyncClient, backend: CompiledBackend, headers: dict[str, str], report: BackendReport
 ) -> None:
     """Two tokens after a cut answer, asked exactly as the gateway asks this backend to go on from one
-    (``resume.continuation_body``: the answer so far, the thinking before it, streamed), so the field
+    (``backends.continuation``: the answer so far, the thinking before it, streamed), so the field
     they come back in is the one a resumed stream would meet. A backend whose policy says ``resume: none``
     is asked its dialect's way (a paid API: ``partial``), to say whether turning resume on would work."""
     style = backend.resume

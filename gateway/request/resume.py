@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Any
 import orjson
 
 from gateway.backends import UpstreamCall
-from gateway.backends.chat_shape import shaped
+from gateway.backends.continuation import continuation_body
 from gateway.errors import AttemptFailure
 from gateway.measure.meter import StreamMeter
 from gateway.request.first_events import first_events
@@ -36,7 +36,6 @@ from gateway.values.observation import Attempt, Usage
 
 if TYPE_CHECKING:
     from gateway.backends.base import Upstream
-    from gateway.policy.compiled import CompiledBackend
     from gateway.request.exchange import Exchange
 
 
@@ -120,49 +119,6 @@ async def resume_stream(exchange: Exchange, meter: StreamMeter, failure: Attempt
         rewrite = ContinuedEvents(exchange, transcript, next_meter, client.wants_usage)
         return Resumed(upstream, next_meter, attempt, rewrite(first), rewrite)
     return None
-
-
-def continuation_body(
-    payload: dict[str, Any],
-    backend: CompiledBackend,
-    answer: str,
-    reasoning: str,
-    max_tokens: int | None,
-    generated: int,
-) -> bytes:
-    """The client's request, asking ``backend`` to go on from ``answer`` (or to start over without one),
-    shaped as that backend takes it (``backends.chat_shape``); ``reasoning`` is the thinking that came
-    before it."""
-    payload = shaped(payload, backend)[0]
-    body = dict(payload)
-    body["model"] = backend.model
-    body["stream"] = True
-    body["stream_options"] = {**(payload.get("stream_options") or {}), "include_usage": True}
-    if max_tokens is not None:
-        key = "max_completion_tokens" if "max_completion_tokens" in payload else "max_tokens"
-        body[key] = max(1, max_tokens - generated)
-    if answer:
-        prefill: dict[str, Any] = {"role": "assistant", "content": answer}
-        if backend.resume == "partial":
-            prefill["partial"] = True
-        if backend.resume == "continue_final_message":
-            body["continue_final_message"] = True
-            # vLLM and llama-server refuse continue_final_message with add_generation_prompt (it defaults
-            # to true in both); SGLang has no such request field and would ignore it.
-            if backend.dialect != "sglang":
-                body["add_generation_prompt"] = False
-            if backend.dialect == "vllm" and reasoning:
-                # vLLM hands an assistant message's ``reasoning`` to the chat template, which renders it
-                # as a closed think channel: its parser then reads the prompt's reasoning as ended and
-                # streams what follows as content (renderers/chat_utils/chat_message.py:619-659,
-                # parser/abstract_parser.py:869-881 in vLLM 0.33.0).
-                prefill["reasoning"] = reasoning
-            elif backend.dialect == "llamacpp" and reasoning:
-                # llama-server renders it as a closed think block before the continued content
-                # (common/chat-auto-parser-generator.cpp:45-61): the model sees its own thinking.
-                prefill["reasoning_content"] = reasoning
-        body["messages"] = [*payload["messages"], prefill]
-    return orjson.dumps(body)
 
 
 class ContinuedEvents:

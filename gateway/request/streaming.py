@@ -13,7 +13,7 @@ from collections.abc import Awaitable, Callable, MutableMapping
 from typing import TYPE_CHECKING, Any
 
 from gateway.backends.base import Upstream
-from gateway.errors import AttemptFailure, error_bytes
+from gateway.errors import AttemptFailure, error_event
 from gateway.measure.meter import StreamMeter
 from gateway.request.connection import DirectBody, direct_body
 from gateway.request.drain import SHUTDOWN_CODE, SHUTDOWN_MESSAGE
@@ -33,10 +33,6 @@ STREAM_ERROR_CODES = {"timeout": "upstream_timeout", "upstream_error": "upstream
 Clock = Callable[[], float]
 Send = Callable[[dict[str, Any]], Awaitable[None]]
 Receive = Callable[[], Awaitable[MutableMapping[str, Any]]]
-
-
-def error_event(message: str, code: str) -> bytes:
-    return b"data: " + error_bytes(message, "upstream_error", code) + b"\n\n"
 
 
 class StreamRelay:
