@@ -14,7 +14,7 @@ from gateway.values.dialect import REASONING_FIELDS, counted_usage, usage_from
 from gateway.values.observation import Attempt, Usage
 
 if TYPE_CHECKING:
-    from gateway.request.transcript import Transcript
+    from gateway.measure.transcript import Transcript
 
 
 CORRUPT = "the stream carried an event that is not JSON (or longer than any event is)"

@@ -29,8 +29,8 @@ from gateway.backends import UpstreamCall
 from gateway.backends.continuation import continuation_body
 from gateway.errors import AttemptFailure
 from gateway.measure.meter import StreamMeter
+from gateway.measure.transcript import Transcript
 from gateway.request.first_events import first_events
-from gateway.request.transcript import Transcript
 from gateway.values.dialect import REASONING_FIELDS
 from gateway.values.observation import Attempt, Usage
 
