@@ -3,14 +3,14 @@ to the provider's API (Anthropic Messages, Gemini, Bedrock, ...) and its answer 
 
 The answer leaves here as OpenAI chat-completions bytes (SSE events for a stream, JSON for a whole
 answer) through the same ``Upstream`` handle as any backend, so the relay and the meter do not change.
-litellm is imported here only (and its price map in policy.load); every litellm exception leaves as
-``AttemptFailure``: 429 and 5xx fall back to the next backend, other 4xx are the client's to fix.
+litellm is imported here (and its price map in policy/prices.py, whose ``import_litellm`` both use);
+every litellm exception leaves as ``AttemptFailure``: 429 and 5xx fall back to the next backend, other
+4xx are the client's to fix.
 """
 
 from __future__ import annotations
 
 import asyncio
-import os
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -19,20 +19,10 @@ import orjson
 from gateway.backends.base import Fetched, Take, UpstreamCall
 from gateway.errors import AttemptFailure, UpstreamClientError
 from gateway.policy.compiled import CompiledBackend
+from gateway.policy.prices import import_litellm
 
-INSTALL_HINT = "this needs litellm (native provider APIs, the price map): pip install 'litellm==1.110.2'"
 # Our payload's fields that are the gateway's business, not the provider's.
 OWN_FIELDS = ("model", "stream")
-
-
-def import_litellm() -> Any:
-    """litellm, or a one-line RuntimeError saying what to install (never a traceback)."""
-    os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")  # no price-map fetch at import
-    try:
-        import litellm
-    except Exception as exc:  # a missing or broken install: both are the same advice
-        raise RuntimeError(f"{INSTALL_HINT} ({type(exc).__name__}: {exc})") from None
-    return litellm
 
 
 class LitellmUpstream:

@@ -8,37 +8,40 @@ from __future__ import annotations
 
 import difflib
 import hashlib
-import math
 import os
 import types
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
 
 from pydantic import ValidationError
 
-from gateway.money.costs import per_token, pool_usd_per_token
 from gateway.policy import schema
 from gateway.policy.affinity import replica_groups
 from gateway.policy.aliases import alias_problems, compiled_aliases
-from gateway.policy.compiled import CompiledBackend, CompiledPolicy, CompiledRoute, PoolPrice, TokenPrices
+from gateway.policy.api_keys import (
+    compile_keys,
+    key_problems,
+    keys_file_path,
+    keys_from_file,
+    read_keys_file,
+    with_keys_digest,
+)
+from gateway.policy.compiled import CompiledBackend, CompiledPolicy, CompiledRoute, PoolPrice
 from gateway.policy.document import (
     Document,
-    Loc,
     PolicyError,
     PolicyFileUnreadable,
     Problem,
     decode,
     parse,
 )
+from gateway.policy.prices import BackendProblem, backend_prices, probe_cost, require_litellm
 from gateway.policy.reach import ReachProblem, api_key, clean, tls_context
 from gateway.policy.tuning import Tuning
-from gateway.values.auth import ApiKey
 
 __all__ = ["PolicyError", "PolicyFileUnreadable", "Problem", "compile_policy_bytes", "load_policy"]
 
 Env = Mapping[str, str] | None  # where api_key_env is looked up; None means os.environ
-PROBE_TOKENS = 1_000_000
 # How each dialect continues an answer unless the policy says: vLLM and SGLang servers take
 # ``continue_final_message``; a plain OpenAI-compatible API cannot be assumed to.
 # llama-server takes continue_final_message too (with add_generation_prompt false; llama.cpp
@@ -75,42 +78,6 @@ def compile_policy_text(text: str, source: str, *, environ: Env = None) -> Compi
     return _compile(text, source, hashlib.sha256(text.encode()).hexdigest(), environ)
 
 
-def keys_file_path(keys_file: str | None, source: str) -> str | None:
-    """Where ``auth.keys_file`` points: as written if absolute, else beside the policy file."""
-    return None if keys_file is None else str(Path(source).parent / keys_file)
-
-
-def read_keys_file(path: str | None) -> bytes | None:
-    """The keys file's bytes; None when the policy names none or it does not exist (no keys from it)."""
-    if path is None:
-        return None
-    try:
-        return Path(path).read_bytes()
-    except FileNotFoundError:
-        return None
-    except OSError as exc:
-        message = f"cannot read auth.keys_file: {exc.strerror or exc}"
-        raise PolicyFileUnreadable([Problem(path, 0, 0, "", message)]) from None
-
-
-def with_keys_digest(policy_digest: str, keys_path: str | None, keys: bytes | None) -> str:
-    """The policy's digest, changed by its keys file's content, so a key rotation is a reload."""
-    if keys_path is None:
-        return policy_digest
-    keys_digest = hashlib.sha256(keys or b"").hexdigest() if keys is not None else "absent"
-    return hashlib.sha256(f"{policy_digest}:{keys_digest}".encode()).hexdigest()
-
-
-def _keys_from_file(path: str | None, data: bytes | None) -> list[schema.ApiKeyEntry]:
-    if path is None or data is None:
-        return []
-    doc = parse(decode(data, path), path)
-    try:
-        return schema.KeysFile.model_validate(doc.plain).keys
-    except ValidationError as exc:
-        raise PolicyError(doc.schema_problems(exc)) from None
-
-
 def _compile(text: str, source: str, digest: str, environ: Env) -> CompiledPolicy:
     doc = parse(text, source)
     try:
@@ -123,9 +90,9 @@ def _compile(text: str, source: str, digest: str, environ: Env) -> CompiledPolic
     keys_data = read_keys_file(keys_path)
     digest = with_keys_digest(digest, keys_path, keys_data)
     if keys_data is not None:
-        auth = raw.auth.model_copy(update={"keys": raw.auth.keys + _keys_from_file(keys_path, keys_data)})
+        auth = raw.auth.model_copy(update={"keys": raw.auth.keys + keys_from_file(keys_path, keys_data)})
         raw = raw.model_copy(update={"auth": auth})
-    problems = doc.nonfinite_problems() + _reference_problems(doc) + _key_problems(raw, doc)
+    problems = doc.nonfinite_problems() + _reference_problems(doc) + key_problems(raw, doc)
     problems += alias_problems(raw, doc)
     warnings = _unused_backend_warnings(raw, doc)
     if keys_path is not None and keys_data is None:
@@ -136,7 +103,7 @@ def _compile(text: str, source: str, digest: str, environ: Env) -> CompiledPolic
     for name, backend in raw.backends.items():
         try:
             backends[name] = _compile_backend(name, backend, env, raw.tuning, Path(source).parent)
-        except (_BackendProblem, ReachProblem) as exc:
+        except (BackendProblem, ReachProblem) as exc:
             problems.append(doc.problem(("backends", name, *exc.loc), exc.message))
         if backend.api_key_env is not None and name in backends and backends[name].api_key is None:
             unset = f"environment variable {backend.api_key_env} is not set; requests go without a key"
@@ -161,7 +128,7 @@ def _compile(text: str, source: str, digest: str, environ: Env) -> CompiledPolic
         warnings=tuple(str(w) for w in sorted(warnings, key=lambda p: (p.line, p.column))),
         ledger=raw.ledger,
         user_hash_key=user_hash_key,
-        api_keys=types.MappingProxyType(_compile_keys(raw.auth)),
+        api_keys=types.MappingProxyType(compile_keys(raw.auth)),
         key_budgets=types.MappingProxyType(
             {entry.name: entry.budgets for entry in raw.auth.keys if entry.budgets is not None}
         ),
@@ -177,12 +144,6 @@ def _compile(text: str, source: str, digest: str, environ: Env) -> CompiledPolic
 
 
 # --- checks beyond the schema, and compilation ------------------------------------------------------
-
-
-class _BackendProblem(Exception):
-    def __init__(self, loc: Loc, message: str) -> None:
-        super().__init__(message)
-        self.loc, self.message = loc, message
 
 
 def _reference_problems(doc: Document) -> list[Problem]:
@@ -221,9 +182,9 @@ def _compile_backend(
         if url is not None:
             signals = signals.model_copy(update={field: clean(url, ("signals", field))})
     if backend.dialect == "litellm":
-        _require_litellm(("dialect",))
-    token_prices, pool_price, price_source = _prices(backend.pricing)
-    _probe_cost(token_prices, pool_price)
+        require_litellm(("dialect",))
+    token_prices, pool_price, price_source = backend_prices(backend.pricing)
+    probe_cost(token_prices, pool_price)
     return CompiledBackend(
         name=name,
         dialect=backend.dialect,
@@ -275,79 +236,8 @@ def _prefix_capacity(cache: schema.PrefixCache, pool_price: PoolPrice | None) ->
 
 def _scaling(backend: schema.Backend, pool_price: PoolPrice | None) -> schema.Scaling | None:
     if backend.scaling is not None and pool_price is None:
-        raise _BackendProblem(("scaling",), "only a gpu_hours pool has replicas to scale")
+        raise BackendProblem(("scaling",), "only a gpu_hours pool has replicas to scale")
     return backend.scaling
-
-
-def _prices(pricing: schema.Pricing) -> tuple[TokenPrices | None, PoolPrice | None, str]:
-    if pricing.per_token is not None:
-        p = pricing.per_token
-        cached = p.input_usd_per_mtok if p.cached_input_usd_per_mtok is None else p.cached_input_usd_per_mtok
-        reasoning = p.output_usd_per_mtok if p.reasoning_usd_per_mtok is None else p.reasoning_usd_per_mtok
-        prices = TokenPrices(
-            input=per_token(p.input_usd_per_mtok),
-            cached_input=per_token(cached),
-            output=per_token(p.output_usd_per_mtok),
-            reasoning=per_token(reasoning),
-        )
-        return prices, None, "per_token"
-    if pricing.litellm is not None:
-        return _litellm_prices(pricing.litellm.model), None, f"litellm:{pricing.litellm.model}"
-    assert pricing.gpu_hours is not None  # the schema guarantees exactly one basis
-    g = pricing.gpu_hours
-    return None, PoolPrice(g.usd_per_hour, g.accounting, g.assumed_tokens_per_s), "gpu_hours"
-
-
-def _require_litellm(loc: Loc) -> Any:
-    """litellm, imported for a policy that uses it; a missing or broken install is a one-line problem."""
-    from gateway.backends.via_litellm import import_litellm
-
-    try:
-        return import_litellm()
-    except RuntimeError as exc:
-        raise _BackendProblem(loc, str(exc)) from None
-
-
-def _litellm_prices(model: str) -> TokenPrices:
-    """Per-token prices from litellm's bundled price map, read offline (litellm is imported only here)."""
-    loc = ("pricing", "litellm", "model")
-    litellm = _require_litellm(loc)
-
-    table: Mapping[str, Any] = litellm.model_cost
-    entry = table.get(model) if model != "sample_spec" else None  # sample_spec documents the format
-    if not isinstance(entry, Mapping):
-        hint = difflib.get_close_matches(model, [k for k in table if k != "sample_spec"], n=1)
-        did_you_mean = f" (did you mean {hint[0]!r}?)" if hint else ""
-        raise _BackendProblem(loc, f"unknown model {model!r} in litellm's price map{did_you_mean}")
-
-    def cost(key: str, default: float | None) -> float:
-        value = entry.get(key)
-        if value is None and default is not None:
-            return default
-        if isinstance(value, bool) or not isinstance(value, int | float) or not 0 <= value < math.inf:
-            raise _BackendProblem(loc, f"litellm's price map has no usable {key} for {model!r}")
-        return float(value)
-
-    input_cost, output_cost = cost("input_cost_per_token", None), cost("output_cost_per_token", None)
-    return TokenPrices(
-        input=input_cost,
-        cached_input=cost("cache_read_input_token_cost", input_cost),
-        output=output_cost,
-        reasoning=cost("output_cost_per_reasoning_token", output_cost),
-    )
-
-
-def _probe_cost(tokens: TokenPrices | None, pool: PoolPrice | None) -> None:
-    """Price a dummy request once, so arithmetic that would overflow on a request fails at load."""
-    if tokens is not None:
-        cost = PROBE_TOKENS * (tokens.input + tokens.cached_input + tokens.output + tokens.reasoning)
-        if not math.isfinite(cost):
-            raise _BackendProblem(("pricing",), "price too large to compute a request's cost")
-    if pool is not None and pool.assumed_tokens_per_s is not None:
-        cost = PROBE_TOKENS * pool_usd_per_token(pool.usd_per_hour, pool.assumed_tokens_per_s)
-        if not math.isfinite(cost):
-            loc = ("pricing", "gpu_hours", "assumed_tokens_per_s")
-            raise _BackendProblem(loc, "too small to compute a cost per token from")
 
 
 def _compile_route(name: str, r: schema.Route, backends: Mapping[str, CompiledBackend]) -> CompiledRoute:
@@ -372,35 +262,3 @@ def _compile_route(name: str, r: schema.Route, backends: Mapping[str, CompiledBa
         aliases=tuple(r.aliases),
         replica_groups=replica_groups(tuple(r.backends), backends),
     )
-
-
-def _compile_keys(auth: schema.Auth) -> dict[str, ApiKey]:
-    return {
-        entry.sha256: ApiKey(
-            name=entry.name, digest=entry.sha256, routes=frozenset(entry.routes), admin=entry.admin
-        )
-        for entry in auth.keys
-    }
-
-
-def _key_problems(raw: schema.PolicyFile, doc: Document) -> list[Problem]:
-    """Keys must name routes that exist, and neither a name nor a digest may appear twice."""
-    problems: list[Problem] = []
-    names: set[str] = set()
-    digests: set[str] = set()
-    for i, entry in enumerate(raw.auth.keys):
-        for j, route in enumerate(entry.routes):
-            if route != "*" and route not in raw.routes:
-                known = ", ".join(raw.routes)
-                problems.append(
-                    doc.problem(("auth", "keys", i, "routes", j), f"no route '{route}' (routes: {known})")
-                )
-        if entry.name in names:
-            problems.append(
-                doc.problem(("auth", "keys", i, "name"), f"key name '{entry.name}' is used twice")
-            )
-        if entry.sha256 in digests:
-            problems.append(doc.problem(("auth", "keys", i, "sha256"), "the same key digest appears twice"))
-        names.add(entry.name)
-        digests.add(entry.sha256)
-    return problems

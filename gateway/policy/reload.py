@@ -13,16 +13,9 @@ import time
 from collections.abc import Callable, Iterable
 from pathlib import Path
 
+from gateway.policy.api_keys import read_keys_file, with_keys_digest
 from gateway.policy.compiled import CompiledPolicy
-from gateway.policy.load import (
-    Env,
-    PolicyError,
-    compile_policy_bytes,
-    load_policy,
-    read_keys_file,
-    read_policy_file,
-    with_keys_digest,
-)
+from gateway.policy.load import Env, PolicyError, compile_policy_bytes, load_policy, read_policy_file
 
 logger = logging.getLogger("gateway.policy")
 
