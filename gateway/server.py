@@ -177,7 +177,7 @@ def bind_listener(host: str, port: int, flag: str = "--port") -> socket.socket:
 
 class AnnouncingServer(uvicorn.Server):
     """uvicorn's server that says "serving" only once the app has started and the sockets listen, and
-    stops gracefully: the first SIGTERM drains (``gateway.request.drain``) before uvicorn's own
+    stops gracefully: the first SIGTERM drains (``gateway.runtime.drain``) before uvicorn's own
     shutdown begins; a second one stops at once."""
 
     def __init__(self, config: uvicorn.Config, announce: Callable[[], None], *, grace_s: float = 0.0) -> None:
@@ -210,7 +210,7 @@ class AnnouncingServer(uvicorn.Server):
 
 
 def drain_then(runtime: Runtime, grace_s: float, stop: Callable[[], None]) -> asyncio.Task[None]:
-    """Drain (``gateway.request.drain``) in the running loop, then ``stop`` the server, however it went."""
+    """Drain (``gateway.runtime.drain``) in the running loop, then ``stop`` the server, however it went."""
 
     async def drain_then_stop() -> None:
         try:

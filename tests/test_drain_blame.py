@@ -15,7 +15,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from gateway.request.drain import SHUTDOWN_CODE
+from gateway.runtime.drain import SHUTDOWN_CODE
 from tests.conftest import Gateway, Upstreams, running_gateway
 from tests.test_graceful_stop import Stream, read_stream
 

@@ -17,7 +17,7 @@ import httpx
 import pytest
 
 from gateway.emulator import create_emulator_app
-from gateway.request.drain import SHUTDOWN_CODE
+from gateway.runtime.drain import SHUTDOWN_CODE
 from tests.servers import ProcessServer, ThreadedServer, free_port, python_module, threaded_server, wait_http
 
 STREAMS = 3

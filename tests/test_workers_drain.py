@@ -11,7 +11,7 @@ from pathlib import Path
 
 import httpx
 
-from gateway.request.drain import SHUTDOWN_CODE
+from gateway.runtime.drain import SHUTDOWN_CODE
 from tests.replicas.conftest import eventually
 from tests.servers import ThreadedServer
 from tests.test_graceful_stop import assert_ended_by_the_stop, gateway_process, slow_pool, streams_in_flight

@@ -35,15 +35,15 @@ from gateway.measure.meter import StreamMeter
 from gateway.money.costs import bounded_max_tokens
 from gateway.policy.compiled import CompiledBackend
 from gateway.request.cache_keys import keys_for
-from gateway.request.drain import SHUTDOWN_CODE, UNANSWERED_MESSAGE
 from gateway.request.exchange import Exchange
 from gateway.request.first_events import first_events
 from gateway.request.privacy import take_identity, user_hash, with_identity
 from gateway.request.refusals import named_in, observation_of, refuse
 from gateway.request.resume import transcript_for
 from gateway.request.streaming import StreamRelay
-from gateway.request.waiting import retry_after_seconds, worth_waiting
 from gateway.runtime import Runtime
+from gateway.runtime.drain import SHUTDOWN_CODE, UNANSWERED_MESSAGE
+from gateway.runtime.waiting import retry_after_seconds, worth_waiting
 from gateway.values.auth import authorize_route
 from gateway.values.dialect import insert_usage_cost, read_completion, unusable_answer
 from gateway.values.observation import Attempt, Observation

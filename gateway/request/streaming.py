@@ -16,8 +16,8 @@ from gateway.backends.base import Upstream
 from gateway.errors import AttemptFailure, error_event
 from gateway.measure.meter import StreamMeter
 from gateway.request.connection import DirectBody, direct_body
-from gateway.request.drain import SHUTDOWN_CODE, SHUTDOWN_MESSAGE
 from gateway.request.resume import resume_stream
+from gateway.runtime.drain import SHUTDOWN_CODE, SHUTDOWN_MESSAGE
 from gateway.values.dialect import insert_usage_cost
 from gateway.values.observation import Attempt
 

@@ -13,7 +13,7 @@ from typing import Any
 
 from gateway.policy.compiled import CompiledRoute
 from gateway.policy.decide import Decision
-from gateway.request.waiting import worth_waiting
+from gateway.runtime.waiting import worth_waiting
 from gateway.simulate.timeline import Timeline
 
 Redecide = Callable[[Any], Decision]  # the waiting request -> a fresh decision for it

@@ -15,7 +15,7 @@ from gateway.measure.stats import LiveStats
 from gateway.money.costs import attempt_cost
 from gateway.policy.decide import Decision, decide
 from gateway.policy.schema import Slo
-from gateway.request.waiting import WaitingRoom, retry_after_seconds
+from gateway.runtime.waiting import WaitingRoom, retry_after_seconds
 from gateway.values.observation import Usage
 from tests.unit.factories import FakeClock, attempt, policy, pool_backend, route, serve
 from tests.unit.test_decide import REQUEST, _healthy_views, _three_tier

@@ -46,9 +46,9 @@ from gateway.money.ratelimit import HeldTokens, RateLimits
 from gateway.money.spend import SpendTally, seed_tally
 from gateway.policy.compiled import CompiledPolicy, CompiledRoute
 from gateway.policy.decide import Decision, DecisionMemo, RequestFeatures, decide
-from gateway.request.admission import InFlight
-from gateway.request.drain import Drain
-from gateway.request.waiting import WaitingRoom, retry_after_seconds
+from gateway.runtime.admission import InFlight
+from gateway.runtime.drain import Drain
+from gateway.runtime.waiting import WaitingRoom, retry_after_seconds
 from gateway.store import open_store
 from gateway.values.auth import ApiKey, AuthenticationFailed, PermissionDenied, authenticate
 from gateway.values.observation import Attempt, Observation, Usage
