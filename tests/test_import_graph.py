@@ -5,18 +5,32 @@ time: a door and its stream translator, a package and its implementations, each 
 The graph is read from the source (no import runs): every ``import`` and ``from ... import`` naming a
 gateway module counts, type-only ones under ``if TYPE_CHECKING:`` and ones inside functions included,
 since two modules that need each other's names know each other either way. A package's ``__init__``
-is the package. The request path sits on top and calls down into the shared services (runtime.py),
-which know it only through small protocols (request/drain.py's ``Open``, the doors' ``Answering``).
+is the package. The request path sits on top and calls down into the shared services (runtime/),
+which know it only through small protocols (runtime/drain.py's ``Open``, the doors' ``Answering``).
+
+Nor does any import climb: gateway/README.md's floors put every package and top-level module on one
+floor, top to bottom, and a module imports only what sits on a floor below its own (``UPWARD`` names the
+few imports that may climb, and why).
 """
 
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
 import pytest
 
 PACKAGE = Path(__file__).resolve().parent.parent / "gateway"
+README = PACKAGE / "README.md"
+# The imports that may climb a floor: (the importing package or module, the module imported) -> why.
+UPWARD = {
+    ("gateway.policy", "gateway.measure.backend_stats"): "the decision (decide, evaluate, affinity) reads "
+    "each backend's BackendView, and measure/ reads the compiled policy below it",
+    ("gateway.policy", "gateway.measure.live"): "gateway check --live, asked for by gateway check",
+    ("gateway.policy", "gateway.money.costs"): "the decision and the loader's price check use the one "
+    "cost arithmetic, which prices a compiled backend",
+}
 
 
 def module_files(package: Path) -> dict[str, Path]:
@@ -132,3 +146,81 @@ def test_the_walk_finds_a_circle_of_any_kind_of_import(
         (package / f"{name}.py").write_text(source + "\n")
     graph = import_graph(module_files(package))
     assert [{m.removeprefix("pkg.") for m in part} for part in circles(graph)] == expected
+
+
+def floors_in_readme(text: str) -> list[list[str]]:
+    """The units on each floor, top first: the fenced block under the README's floors heading."""
+    section = text.split("## Floors", 1)[1]
+    block = re.search(r"^```\n(.*?)^```", section, flags=re.MULTILINE | re.DOTALL)
+    assert block, "gateway/README.md has no floors block"
+    return [line.split() for line in block.group(1).splitlines() if line.strip()]
+
+
+def unit_of(module: str) -> str:
+    """The package or top-level module a module belongs to (``gateway.measure.stats``: gateway.measure)."""
+    return ".".join(module.split(".")[:2])
+
+
+def climbs(graph: dict[str, set[str]], floors: list[list[str]], top: str) -> list[str]:
+    """Every import from a unit to one on its own floor or above, as ``a -> b``; UPWARD's are let through."""
+    floor_of = {f"{top}.{name}": depth for depth, names in enumerate(floors) for name in names}
+    found = []
+    for module, imported in sorted(graph.items()):
+        here = unit_of(module)
+        for target in sorted(imported):
+            there = unit_of(target)
+            if here == there or top in (here, there) or (here, target) in UPWARD:
+                continue
+            if floor_of[there] <= floor_of[here]:
+                found.append(f"{module} -> {target}")
+    return found
+
+
+def test_every_package_and_top_level_module_has_one_floor() -> None:
+    floors = floors_in_readme(README.read_text(encoding="utf-8"))
+    named = [name for names in floors for name in names]
+    units = {unit_of(module) for module in module_files(PACKAGE)} - {"gateway"}
+    assert sorted({n for n in named if named.count(n) > 1}) == [], "a unit is on two floors"
+    assert sorted(units - {f"gateway.{n}" for n in named}) == [], "units on no floor of gateway/README.md"
+    assert sorted({f"gateway.{n}" for n in named} - units) == [], "the floors name units that do not exist"
+
+
+def test_no_import_climbs_a_floor() -> None:
+    graph = import_graph(module_files(PACKAGE))
+    floors = floors_in_readme(README.read_text(encoding="utf-8"))
+    found = climbs(graph, floors, "gateway")
+    assert not found, "imports from a floor up to one above it (or beside it): " + "; ".join(found)
+
+
+def test_every_allowed_climb_is_still_taken() -> None:
+    """An allowance no import uses any more is dropped, so the list says what the house really does."""
+    graph = import_graph(module_files(PACKAGE))
+    taken = {(unit_of(m), t) for m, imported in graph.items() for t in imported}
+    assert sorted(set(UPWARD) - taken) == []
+
+
+def test_at_most_three_units_import_upward() -> None:
+    assert len({(source, unit_of(target)) for source, target in UPWARD}) <= 3
+
+
+@pytest.mark.parametrize(
+    ("floors", "expected"),
+    [
+        ([["a"], ["b"], ["c"]], []),
+        ([["c"], ["b"], ["a"]], ["pkg.a -> pkg.b", "pkg.a -> pkg.c.x", "pkg.b -> pkg.c.x"]),
+        ([["a", "b"], ["c"]], ["pkg.a -> pkg.b"]),
+    ],
+    ids=["each import goes down", "imports that climb", "floor-mates may not import each other"],
+)
+def test_the_floors_find_an_import_that_climbs(
+    tmp_path: Path, floors: list[list[str]], expected: list[str]
+) -> None:
+    package = tmp_path / "pkg"
+    (package / "c").mkdir(parents=True)
+    (package / "__init__.py").write_text("")
+    (package / "a.py").write_text("from pkg import b\n\ndef f():\n    from pkg.c.x import g\n")
+    (package / "b.py").write_text("if TYPE_CHECKING:\n    from pkg.c.x import X\n")
+    (package / "c" / "__init__.py").write_text("")
+    (package / "c" / "x.py").write_text("import os\n")
+    graph = import_graph(module_files(package))
+    assert climbs(graph, floors, "pkg") == expected
