@@ -15,7 +15,7 @@ if TYPE_CHECKING:
 
 
 class WaitingCounts(Protocol):
-    """What the metrics read of the request path's waiting room (``request/waiting.py``'s
+    """What the metrics read of the request path's waiting room (``runtime/waiting.py``'s
     ``WaitingRoom``), named here so metrics/ needs nothing from the request path above it."""
 
     waited_s: dict[str, float]

@@ -1,3 +1,4 @@
 """The request path, in the order a request meets it: ``proxy`` (the lifecycle), ``exchange`` (the one
-object a request is), ``auth``, ``streaming`` (the measuring relay), ``resume`` (a cut stream goes on
-elsewhere), ``dialect`` (reading upstream usage) and ``observation`` (what a request teaches)."""
+object a request is), ``streaming`` (the relay, measured by ``measure/meter.py``) and ``resume`` (a cut
+stream goes on elsewhere). What it shares with the layers below (the observation, the API key, the
+upstream's dialect) is in ``values/``."""

@@ -62,7 +62,7 @@ class Exchange:
         self.request_id = request_id
         self.started_at = runtime.clock()
         self.key: ApiKey | None = None
-        # Holds one of the process's places in flight until settled (request.admission).
+        # Holds one of the process's places in flight until settled (runtime.admission).
         self.in_flight = False
         self.client: ClientRequest | None = None
         self.observation: Observation | None = None  # once the request names a route

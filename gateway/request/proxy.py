@@ -293,7 +293,7 @@ async def read_body(headers: Headers, receive: Receive, limit: int, timeout_s: f
 
 
 async def shed(runtime: Runtime, door: Door, scope: Scope, receive: Receive, send: Send) -> None:
-    """503 with Retry-After before anything is read or built (``request.admission``): no exchange, no
+    """503 with Retry-After before anything is read or built (``runtime.admission``): no exchange, no
     reservation, no ledger row, so a flood costs the process little more than its connections."""
     server = runtime.policy.server
     refusal = Overloaded(server.max_in_flight, server.shed_retry_after_s)

@@ -4,7 +4,7 @@ wrong key, a body too large or too slow, a rate limit or a budget (errors with `
 Each one ends like any request, settled once: it gets a ledger row with status ``refused``, its reason
 (the error's code, a vocabulary of the gateway's own) as the row's error type, the route and key when
 they are known, so ``gateway spend``, the dashboard and the metrics count it by reason; and one log line
-at info. A request shed before its body is read (``request.admission``) is not one of them: a flood of
+at info. A request shed before its body is read (``runtime.admission``) is not one of them: a flood of
 those costs no row.
 """
 

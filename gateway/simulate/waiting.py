@@ -1,4 +1,4 @@
-"""The gateway's bounded wait queue in virtual time (``request/waiting.py``): a request whose candidates
+"""The gateway's bounded wait queue in virtual time (``runtime/waiting.py``): a request whose candidates
 are all full waits, per route in arrival or deadline order, for the first that frees, at most the
 route's ``waiting.max_wait_s`` and ``waiting.max_waiting``; past the bound it is refused (429), so
 ``gateway simulate`` shows back-pressure as the gateway has it.
