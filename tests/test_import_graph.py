@@ -23,6 +23,7 @@ import pytest
 
 PACKAGE = Path(__file__).resolve().parent.parent / "gateway"
 README = PACKAGE / "README.md"
+MAX_LINES = 400
 # The imports that may climb a floor: (the importing package or module, the module imported) -> why.
 UPWARD = {
     ("gateway.policy", "gateway.measure.backend_stats"): "the decision (decide, evaluate, affinity) reads "
@@ -197,6 +198,13 @@ def test_every_allowed_climb_is_still_taken() -> None:
     graph = import_graph(module_files(PACKAGE))
     taken = {(unit_of(m), t) for m, imported in graph.items() for t in imported}
     assert sorted(set(UPWARD) - taken) == []
+
+
+def test_no_module_is_over_400_lines() -> None:
+    """A module that grows past 400 lines is split by concern: one that long holds more than one."""
+    lengths = {path: len(path.read_text(encoding="utf-8").splitlines()) for path in PACKAGE.rglob("*.py")}
+    over = sorted(f"{path.relative_to(PACKAGE)}: {n}" for path, n in lengths.items() if n > MAX_LINES)
+    assert not over, f"modules over {MAX_LINES} lines: {over}"
 
 
 def test_at_most_three_units_import_upward() -> None:
