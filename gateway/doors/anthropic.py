@@ -34,7 +34,9 @@ class AnthropicDoor:
     name = "messages"
     upstream_path = "/chat/completions"
 
-    def parse(self, body: bytes, policy: CompiledPolicy, chars_per_token: float) -> ClientRequest:
+    def parse(
+        self, body: bytes, policy: CompiledPolicy, chars_per_token: float, caller: str = ""
+    ) -> ClientRequest:
         notes: list[str] = []
         sessions: list[str] = []
         client = translated_request(  # message_delta carries the usage
