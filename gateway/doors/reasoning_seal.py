@@ -147,15 +147,14 @@ def _keyring(secret: str, previous: str) -> Keyring | None:
 
 def ensure_key(environ: MutableMapping[str, str] = os.environ) -> str | None:
     """Give this process (and the workers it starts) a reasoning key if the operator set none; what is
-    wrong with the one set (too short), for ``gateway serve`` to refuse to start with."""
-    given = environ.get(KEY_ENV)
-    if given:
-        try:
-            check_secret(KEY_ENV, given)
-            if environ.get(PREVIOUS_KEY_ENV):
-                check_secret(PREVIOUS_KEY_ENV, environ[PREVIOUS_KEY_ENV])
-        except ShortSecret as exc:
-            return str(exc)
+    wrong with the secrets set (too short), for ``gateway serve`` to refuse to start with."""
+    try:
+        for name in (KEY_ENV, PREVIOUS_KEY_ENV):
+            if environ.get(name):
+                check_secret(name, environ[name])
+    except ShortSecret as exc:
+        return str(exc)
+    if environ.get(KEY_ENV):
         return None
     environ[KEY_ENV] = secrets.token_urlsafe(32)
     logger.info(

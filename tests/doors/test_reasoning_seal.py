@@ -16,7 +16,14 @@ from typing import Any
 import httpx
 import pytest
 
-from gateway.doors.reasoning_seal import KEY_ENV, MAX_AGE_S, MIN_SECRET_CHARS, PREVIOUS_KEY_ENV, Keyring
+from gateway.doors.reasoning_seal import (
+    KEY_ENV,
+    MAX_AGE_S,
+    MIN_SECRET_CHARS,
+    PREVIOUS_KEY_ENV,
+    Keyring,
+    ensure_key,
+)
 from tests.conftest import PAID_KEY, Gateway, Upstreams, policy_yaml, running_gateway
 from tests.doors.ledger import ANSWER, THINKING
 
@@ -131,3 +138,9 @@ def test_serve_refuses_to_start_with_a_short_secret(tmp_path: Path, upstreams: U
     )
     assert done.returncode == 2, done.stderr
     assert f"{KEY_ENV} is 5 characters" in done.stderr and f"at least {MIN_SECRET_CHARS}" in done.stderr
+
+
+def test_a_short_previous_secret_is_refused_too() -> None:
+    problem = ensure_key({KEY_ENV: SECRET, PREVIOUS_KEY_ENV: "old"})
+    assert problem is not None and problem.startswith(f"{PREVIOUS_KEY_ENV} is 3 characters")
+    assert ensure_key({KEY_ENV: SECRET, PREVIOUS_KEY_ENV: OLD_SECRET}) is None
