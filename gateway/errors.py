@@ -81,8 +81,14 @@ class MalformedBody(InvalidRequest):
 
 
 class BodyTooLarge(InvalidRequest):
+    """Refused when the declared length says so, before the body is read: the connection closes with
+    the answer, or the client could go on sending the rest of a 512 MiB body into it."""
+
     status = 413
     code = "request_too_large"
+
+    def headers(self) -> dict[str, str]:
+        return {"connection": "close"}
 
 
 class BodyTimeout(InvalidRequest):

@@ -63,7 +63,9 @@ def serve(
         return 2
     for warning in holder.current.warnings:
         log.warning("policy warning: %s", warning)
-    ensure_key()  # before any worker starts, so all of them seal and open with one key
+    if problem := ensure_key():  # before any worker starts, so all of them seal and open with one key
+        print(f"gateway: {problem}; nothing started", file=sys.stderr)
+        return 2
     public = not is_loopback(host)
     if public and not holder.current.api_keys and not allow_open:
         print(

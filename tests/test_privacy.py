@@ -25,14 +25,16 @@ from tests.servers import ThreadedServer, python_module
 from tests.spend.conftest import ledger_rows
 from tests.test_exchange import eventually
 
-# What Claude Code sends: a JSON string holding its device and session ids.
+# What Claude Code sends: a JSON string holding its device and session ids; the user is the part
+# without the session (keys sorted, as the Messages door writes it).
 CLAUDE_USER_ID = json.dumps({"device_id": "d3v1ce-42", "account_uuid": "", "session_id": "5e55-10n"})
+CLAUDE_USER = '{"account_uuid":"","device_id":"d3v1ce-42"}'
 IDENTITY = {
     "user": "alice@example.com",
     "safety_identifier": "alice-hashed-by-the-app",
     "metadata": {"user_id": "alice", "team": "blue"},
 }
-IDENTIFYING = ("user", "safety_identifier", "metadata", "client_metadata")
+IDENTIFYING = ("user", "safety_identifier", "metadata", "client_metadata", "prompt_cache_key")
 HASH_KEY = "a-secret-the-operator-keeps"
 
 
@@ -85,6 +87,7 @@ def every_door(gateway: Gateway, route: str) -> None:
     for stream in (False, True):
         assert anthropic_message(gateway, route, stream=stream).status_code == 200
         chat = {"model": route, "messages": [{"role": "user", "content": "hi"}], "stream": stream, **IDENTITY}
+        chat["prompt_cache_key"] = "alice-conversation-1"  # OpenAI's replacement for `user`
         assert httpx.post(gateway.base_url + "/chat/completions", json=chat, timeout=30).status_code == 200
         completion = {"model": route, "prompt": "hi", "stream": stream, **IDENTITY}
         assert httpx.post(gateway.base_url + "/completions", json=completion, timeout=30).status_code == 200
@@ -119,16 +122,18 @@ def test_forward_user_sends_it_to_that_backend_only(
     with gateway_with(upstreams, tmp_path, monkeypatch, forward=True) as gateway:
         assert anthropic_message(gateway, "vllm-only").status_code == 200
         (body,) = received(upstreams.vllm)
-        assert body["user"] == CLAUDE_USER_ID, "the Anthropic door's metadata.user_id, forwarded"
+        assert body["user"] == CLAUDE_USER, "the user part of the Anthropic door's metadata.user_id"
         chat = {
             "model": "vllm-only",
             "messages": [{"role": "user", "content": "hi"}],
             "stream": True,
             **IDENTITY,
+            "prompt_cache_key": "alice-conversation-1",
         }
         assert httpx.post(gateway.base_url + "/chat/completions", json=chat, timeout=30).status_code == 200
         body = received(upstreams.vllm)[-1]
         assert {name: body[name] for name in IDENTITY} == IDENTITY
+        assert body["prompt_cache_key"] == "alice-conversation-1", "forwarded like `user`"
         assert body["stream_options"] == {"include_usage": True}, "the rest of the body as before"
         # `gateway check` says which backends get the ids.
         checked = render_policy(gateway.runtime.policy).splitlines()
@@ -154,7 +159,7 @@ def test_ledger_user_hashed_keeps_a_keyed_hash_for_per_user_spend(
         ledger = tmp_path / "ledger.sqlite3"
         eventually(lambda: len(ledger_rows(ledger)) == 3, 10, "three rows")
     alice = hmac.new(HASH_KEY.encode(), b"alice", hashlib.sha256).hexdigest()[:32]
-    claude = hmac.new(HASH_KEY.encode(), CLAUDE_USER_ID.encode(), hashlib.sha256).hexdigest()[:32]
+    claude = hmac.new(HASH_KEY.encode(), CLAUDE_USER.encode(), hashlib.sha256).hexdigest()[:32]
     assert [row["user_hash"] for row in ledger_rows(ledger)] == [claude, alice, alice]
     assert b"alice" not in ledger.read_bytes() and b"d3v1ce-42" not in ledger.read_bytes()
     assert not [name for body in received(upstreams.vllm) for name in IDENTIFYING if name in body]
@@ -183,3 +188,41 @@ def test_ledger_user_hashed_without_its_key_records_no_user_and_says_so(tmp_path
     assert compiled.user_hash_key is None
     (warning,) = [w for w in compiled.warnings if "NO_SUCH_VARIABLE_HERE" in w]
     assert f"{policy}:11" in warning and "ledger.user" in warning and "no user is recorded" in warning
+
+
+def recorded_claude_code(session: str | None = None) -> dict[str, Any]:
+    """Claude Code's recorded first turn (tests/clients/fixtures), its session id replaced if asked."""
+    fixture = json.loads(
+        (Path(__file__).parent / "clients" / "fixtures" / "claude_code_first_turn.json").read_text()
+    )
+    body: dict[str, Any] = fixture["body"]
+    if session is not None:
+        user_id = json.loads(body["metadata"]["user_id"])
+        body["metadata"]["user_id"] = json.dumps({**user_id, "session_id": session})
+    return {**body, "model": "vllm-only", "stream": False}
+
+
+def test_a_recorded_claude_code_session_keys_its_conversation_and_its_user_is_hashed_once(
+    upstreams: Upstreams, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The session id in Claude Code's ``metadata.user_id`` reaches the prefix index as the conversation's
+    key (cache-aware routing follows the session), and two sessions of one user are one user's spend."""
+    monkeypatch.setenv("GATEWAY_USER_HASH_KEY", HASH_KEY)
+    with gateway_with(upstreams, tmp_path, monkeypatch, tail="  user: hashed\n") as gateway:
+        for session in (None, "11111111-2222-4333-8444-555555555555"):
+            response = httpx.post(
+                gateway.url + "/v1/messages",
+                json=recorded_claude_code(session),
+                headers={"anthropic-version": "2023-06-01"},
+                timeout=60,
+            )
+            assert response.status_code == 200, response.text
+        shelf = gateway.runtime.prefixes.index._shelves["b300-vllm"]
+        assert {"00000000-0000-4000-8000-000000000000", "11111111-2222-4333-8444-555555555555"} <= set(
+            shelf.clients
+        )
+        eventually(lambda: len(ledger_rows(tmp_path / "ledger.sqlite3")) == 2, 10, "two rows")
+    user = '{"account_uuid":"","device_id":"' + "0" * 64 + '"}'
+    expected = hmac.new(HASH_KEY.encode(), user.encode(), hashlib.sha256).hexdigest()[:32]
+    assert [row["user_hash"] for row in ledger_rows(tmp_path / "ledger.sqlite3")] == [expected, expected]
+    assert not [name for body in received(upstreams.vllm) for name in IDENTIFYING if name in body]

@@ -15,6 +15,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
+from gateway.api.bounded import bounded_body
 from gateway.api.responses import json_response
 from gateway.errors import InvalidRequest, ModelNotFound, PolicyRejected
 from gateway.policy.load import PolicyError
@@ -84,7 +85,10 @@ async def policy_status(request: Request) -> Response:
 
 
 async def reload_policy(request: Request) -> Response:
-    source = runtime_of(request).policy_source
+    runtime = runtime_of(request)
+    # It takes no body, but one sent is read as the doors read theirs: bounded in size and time.
+    await bounded_body(runtime.policy, request)
+    source = runtime.policy_source
     reload_checked = getattr(source, "reload_checked", None)
     if reload_checked is None:
         raise InvalidRequest("this gateway runs a fixed policy that cannot be reloaded")

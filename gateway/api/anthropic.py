@@ -13,31 +13,27 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-from gateway.api.admin import runtime_of
+from gateway.api.bounded import serve_bounded
 from gateway.doors.anthropic import MESSAGES, chat_payload
 from gateway.doors.openai import json_object, route_of
-from gateway.errors import BodyTooLarge, GatewayError
-from gateway.values.auth import authorize_route
+from gateway.policy.compiled import CompiledPolicy
+from gateway.runtime import Runtime
+from gateway.values.auth import ApiKey, authorize_route
 from gateway.values.dialect import estimate_tokens, prompt_chars
 
 
 async def count_tokens(request: Request) -> Response:
-    runtime = runtime_of(request)
-    policy = runtime.policy
-    try:
-        key = runtime.authenticate(policy, request.headers)
-        raw = await request.body()
-        if len(raw) > policy.max_body_bytes:
-            raise BodyTooLarge(f"request body exceeds the limit of {policy.max_body_bytes} bytes")
-        body = json_object(raw)
-        route = route_of(body.get("model"), policy)
-        authorize_route(key, route.name)
-        # A count has no max_tokens of its own: the translation needs one, and it counts nothing.
-        payload = chat_payload({**body, "max_tokens": 1})
-        tokens = estimate_tokens(prompt_chars(payload), policy.tuning.chars_per_token)
-    except GatewayError as exc:
-        runtime.error_returned(exc)
-        return MESSAGES.error_response(exc)
+    """Bounded as ``/v1/messages`` is (``api.bounded``): its body could otherwise be of any size."""
+    return await serve_bounded(request, MESSAGES, count)
+
+
+async def count(runtime: Runtime, policy: CompiledPolicy, key: ApiKey | None, raw: bytes) -> Response:
+    body = json_object(raw)
+    route = route_of(body.get("model"), policy)
+    authorize_route(key, route.name)
+    # A count has no max_tokens of its own: the translation needs one, and it counts nothing.
+    payload = chat_payload({**body, "max_tokens": 1})
+    tokens = estimate_tokens(prompt_chars(payload), policy.tuning.chars_per_token)
     headers = {"x-gateway-route": route.name, "x-gateway-token-count": "estimate"}
     return Response(orjson.dumps({"input_tokens": tokens}), headers=headers, media_type="application/json")
 

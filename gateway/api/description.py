@@ -281,6 +281,7 @@ def describe(routes: list[str], keyed: bool) -> dict[str, Any]:
     paths["/admin/policy"] = {"get": _admin("the running policy and the last rejected reload", keyed)}
     reload = _admin("reload the policy file", keyed, extra={"422": "the file was rejected"})
     reload["responses"]["400"] = _json_response("this gateway's policy cannot be reloaded", "Error")
+    reload["responses"]["413"] = _json_response("a body (it takes none) over the body limit", "Error")
     paths["/admin/policy/reload"] = {"post": reload}
     paths["/admin/backends"] = {"get": _admin("live stats and scraped load signals", keyed)}
     paths["/dashboard"] = {"get": _page("the live dashboard page", "text/html")}

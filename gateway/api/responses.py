@@ -13,6 +13,7 @@ from starlette.responses import Response
 
 from gateway.doors import anthropic_errors
 from gateway.errors import GatewayError, error_bytes, error_response
+from gateway.log_text import log_text
 
 log = logging.getLogger("gateway")
 
@@ -48,7 +49,7 @@ async def http_error(request: Request, exc: Exception) -> Response:
 
 
 async def unexpected_error(request: Request, exc: Exception) -> Response:
-    log.exception("unhandled error on %s %s", request.method, request.url.path)
+    log.exception("unhandled error on %s %s", request.method, log_text(request.url.path))
     return internal_error_response()
 
 

@@ -1,5 +1,6 @@
 """One keep-alive HTTP/1.1 connection, parsed by httptools (llhttp, the parser uvicorn uses): the head
-bounded in bytes and count, 1xx answers skipped, anything past the answer refused, the read clock.
+bounded in bytes and count, a chunked body's trailers bounded alike and dropped, 1xx answers skipped,
+anything past the answer refused, the read clock.
 
 A connection is reusable only when its answer ended cleanly and nothing followed it: a server that
 says more than it was asked would hand its extra words to the next request (another user's).
@@ -47,6 +48,9 @@ class Connection(asyncio.Protocol):
         self.idle_since = 0.0
         self.paused = False
         self._head_left = limits.head_bytes  # bytes the head (this one, a 1xx's) may still take
+        # Bytes read since the body last grew: chunk framing, and a chunked body's trailers (which
+        # httptools holds whole until each ends). Bounded like a head, so trailers cannot grow memory.
+        self._bodiless_bytes = 0
         self._header_count = 0
         self._informational = False  # the message being parsed is a 1xx, skipped
         self._parser = httptools.HttpResponseParser(self)
@@ -79,6 +83,10 @@ class Connection(asyncio.Protocol):
         try:
             if self.head_waiter is None and not self._informational:
                 self._parser.feed_data(data)
+                if not self._pieces and not self.done:  # no body in this read: framing or trailers
+                    self._count_bodiless(len(data))
+                elif self._bodiless_bytes:
+                    self._bodiless_bytes = 0
             elif len(data) < self._head_left:  # the usual first read: the whole head within its budget
                 self._head_left -= len(data)
                 self._parser.feed_data(data)
@@ -120,6 +128,16 @@ class Connection(asyncio.Protocol):
         if data:
             parser.feed_data(data)
 
+    def _count_bodiless(self, size: int) -> None:
+        """A read that carried no body byte: within a head's budget, or the upstream is sending trailers
+        (or chunk extensions) without end. Checked per read, not per chunk: the stream's own path pays
+        one test of a list per read."""
+        self._bodiless_bytes += size
+        if self._bodiless_bytes > self.limits.head_bytes:
+            raise WireError(
+                "malformed", f"the response's trailers are longer than {self.limits.head_bytes} bytes"
+            )
+
     def connection_lost(self, exc: Exception | None) -> None:
         self.transport = None
         self.keep_alive = False
@@ -143,6 +161,10 @@ class Connection(asyncio.Protocol):
         self._header_count += 1
         if self._header_count > self.limits.headers:
             raise WireError("malformed", f"the response has more than {self.limits.headers} headers")
+        if self.head_waiter is None:
+            # A trailer of a chunked body (the head is complete): counted above and in the bytes read
+            # without body, then dropped. Never one of the answer's headers, which the relay has read.
+            return
         response.headers.append((name, value))
 
     def on_headers_complete(self) -> None:
@@ -215,6 +237,7 @@ class Connection(asyncio.Protocol):
         self.done = False
         self._head_left = self.limits.head_bytes
         self._header_count = 0
+        self._bodiless_bytes = 0
         self.transport.write(request)
         return self.response
 

@@ -75,8 +75,12 @@ class Door(Protocol):
     name: str  # what the ledger's ``endpoint`` column says, e.g. "chat", "messages"
     upstream_path: str  # below a backend's base URL, e.g. "/chat/completions"
 
-    def parse(self, body: bytes, policy: CompiledPolicy, chars_per_token: float) -> ClientRequest:
-        """The client's request, validated, with the payload to send upstream; InvalidRequest if bad."""
+    def parse(
+        self, body: bytes, policy: CompiledPolicy, chars_per_token: float, caller: str = ""
+    ) -> ClientRequest:
+        """The client's request, validated, with the payload to send upstream; InvalidRequest if bad.
+        ``caller`` names the caller's API key (its digest; ``""`` without keys), for what a door binds
+        to it (the Responses door's sealed reasoning)."""
         ...
 
     def render_answer(self, raw: bytes, exchange: Answering) -> bytes:

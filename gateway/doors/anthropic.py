@@ -13,7 +13,8 @@ from typing import TYPE_CHECKING, Any
 import orjson
 from starlette.responses import Response
 
-from gateway.doors.anthropic_errors import error_body as error_body  # its users import it from here
+from gateway.doors.anthropic_errors import error_body as error_body
+from gateway.doors.anthropic_identity import user_and_session  # its users import it from here
 from gateway.doors.anthropic_message import message_of
 from gateway.doors.anthropic_options import chat_tools, context_notes, reasoning_knobs
 from gateway.doors.anthropic_stream import MessagesStream
@@ -33,12 +34,17 @@ class AnthropicDoor:
     name = "messages"
     upstream_path = "/chat/completions"
 
-    def parse(self, body: bytes, policy: CompiledPolicy, chars_per_token: float) -> ClientRequest:
+    def parse(
+        self, body: bytes, policy: CompiledPolicy, chars_per_token: float, caller: str = ""
+    ) -> ClientRequest:
         notes: list[str] = []
+        sessions: list[str] = []
         client = translated_request(  # message_delta carries the usage
-            body, policy, chars_per_token, lambda request: chat_payload(request, notes)
+            body, policy, chars_per_token, lambda request: chat_payload(request, notes, sessions)
         )
         client.notes = tuple(notes)
+        if sessions:  # Claude Code's session: the conversation's key for the prefix index
+            client.cache_key = sessions[0]
         return client
 
     def render_answer(self, raw: bytes, exchange: Answering) -> bytes:
@@ -62,9 +68,12 @@ class AnthropicDoor:
 # -- Messages request -> chat payload --------------------------------------------------------------------
 
 
-def chat_payload(request: dict[str, Any], notes: list[str] | None = None) -> dict[str, Any]:
+def chat_payload(
+    request: dict[str, Any], notes: list[str] | None = None, sessions: list[str] | None = None
+) -> dict[str, Any]:
     """The chat-completions payload of a Messages request; InvalidRequest names what is wrong. What it
-    leaves out (hosted tools, context edits) is said in ``notes``."""
+    leaves out (hosted tools, context edits) is said in ``notes``; the session its ``metadata.user_id``
+    names (Claude Code's), in ``sessions``."""
     notes = [] if notes is None else notes
     max_tokens = request.get("max_tokens")
     if not isinstance(max_tokens, int) or isinstance(max_tokens, bool) or max_tokens < 1:
@@ -107,7 +116,10 @@ def chat_payload(request: dict[str, Any], notes: list[str] | None = None) -> dic
     context_notes(request, notes)
     metadata = request.get("metadata")
     if isinstance(metadata, dict) and isinstance(metadata.get("user_id"), str):
-        payload["user"] = metadata["user_id"]
+        # Split before the identity is taken out (request/privacy.py): the user part is the user.
+        payload["user"], session = user_and_session(metadata["user_id"])
+        if session is not None and sessions is not None:
+            sessions.append(session)
     return payload
 
 

@@ -23,7 +23,9 @@ class EmbeddingsDoor:
     name = "embeddings"
     upstream_path = "/embeddings"
 
-    def parse(self, body: bytes, policy: CompiledPolicy, chars_per_token: float) -> ClientRequest:
+    def parse(
+        self, body: bytes, policy: CompiledPolicy, chars_per_token: float, caller: str = ""
+    ) -> ClientRequest:
 
         payload = json_object(body)
         route = route_of(payload.get("model"), policy)

@@ -33,7 +33,9 @@ class OpenAIDoor:
         self.name = name
         self.upstream_path = "/chat/completions" if name == "chat" else "/completions"
 
-    def parse(self, body: bytes, policy: CompiledPolicy, chars_per_token: float) -> ClientRequest:
+    def parse(
+        self, body: bytes, policy: CompiledPolicy, chars_per_token: float, caller: str = ""
+    ) -> ClientRequest:
 
         payload = json_object(body)
         route = route_of(payload.get("model"), policy)

@@ -33,9 +33,13 @@ class ResponsesDoor:
     name = "responses"
     upstream_path = "/chat/completions"
 
-    def parse(self, body: bytes, policy: CompiledPolicy, chars_per_token: float) -> ClientRequest:
+    def parse(
+        self, body: bytes, policy: CompiledPolicy, chars_per_token: float, caller: str = ""
+    ) -> ClientRequest:
         state = ResponsesState()
-        request = translated_request(body, policy, chars_per_token, lambda given: chat_payload(given, state))
+        request = translated_request(
+            body, policy, chars_per_token, lambda given: chat_payload(given, state, caller)
+        )
         request.notes = tuple(state.notes)
         request.cache_key = state.cache_key
         request.door_state = state
@@ -62,7 +66,9 @@ def state_of(client: ClientRequest) -> ResponsesState:
     return state if isinstance(state, ResponsesState) else ResponsesState()
 
 
-def chat_payload(request: dict[str, Any], state: ResponsesState | None = None) -> dict[str, Any]:
+def chat_payload(
+    request: dict[str, Any], state: ResponsesState | None = None, caller: str = ""
+) -> dict[str, Any]:
     state = ResponsesState() if state is None else state
     for field_name in STATEFUL:
         if request.get(field_name):
@@ -92,7 +98,7 @@ def chat_payload(request: dict[str, Any], state: ResponsesState | None = None) -
             more = item.get("tools")
             given_tools = given_tools + (more if isinstance(more, list) else [])
     state.tools = toolbox(given_tools)
-    opener = _sealer(request, items, state)
+    opener = _sealer(request, items, state, caller)
     cache_key = request.get("prompt_cache_key")
     state.cache_key = cache_key if isinstance(cache_key, str) and cache_key else None
     messages: list[dict[str, Any]] = []
@@ -121,14 +127,15 @@ def chat_payload(request: dict[str, Any], state: ResponsesState | None = None) -
     state.notes += tool_notes(state.tools)
     if history.unopened:
         state.notes.append(
-            f"{history.unopened} reasoning item(s) not sealed by this gateway (or altered) were left out"
+            f"{history.unopened} reasoning item(s) not sealed by this gateway (or for another API key,"
+            " expired or altered) were left out"
         )
     return payload
 
 
-def _sealer(request: dict[str, Any], items: list[Any], state: ResponsesState) -> Sealer | None:
-    """The sealer that opens the input's sealed reasoning, if any; ``state.sealer`` seals the answer's
-    reasoning when the client asked for ``reasoning.encrypted_content``."""
+def _sealer(request: dict[str, Any], items: list[Any], state: ResponsesState, caller: str) -> Sealer | None:
+    """The sealer of ``caller``'s blobs that opens the input's sealed reasoning, if any; ``state.sealer``
+    seals the answer's reasoning when the client asked for ``reasoning.encrypted_content``."""
     include = request.get("include") or []
     if not isinstance(include, list):
         raise InvalidRequest("'include' must be an array", param="include")
@@ -136,9 +143,9 @@ def _sealer(request: dict[str, Any], items: list[Any], state: ResponsesState) ->
     sealed = any(
         isinstance(i, dict) and i.get("type") == "reasoning" and i.get("encrypted_content") for i in items
     )
-    sealer = sealer_from() if asked or sealed else None
+    sealer = sealer_from(caller) if asked or sealed else None
     if asked and sealer is None:
-        state.notes.append(f"reasoning.encrypted_content left empty: {KEY_ENV} is not set")
+        state.notes.append(f"reasoning.encrypted_content left empty: {KEY_ENV} is not set (or too short)")
     state.sealer = sealer if asked else None
     return sealer
 

@@ -2,14 +2,11 @@
 parsed: the prompt's prefix hashes as the upstream will see it (the door's chat payload), and the
 client's own conversation key where it sends one. Codex sends ``prompt_cache_key`` (and a
 ``session-id`` header); Claude Code sends its session id inside ``metadata.user_id`` (a JSON string,
-tests/clients/fixtures/claude_code_first_turn.json); other agents send a session header.
+tests/clients/fixtures/claude_code_first_turn.json, read by the Messages door); other agents send a
+session header.
 """
 
 from __future__ import annotations
-
-from typing import Any
-
-import orjson
 
 from gateway.doors import ClientRequest
 from gateway.measure.prefix_index import NO_KEYS, PromptKeys, prompt_keys
@@ -31,26 +28,13 @@ def keys_for(
 
 
 def client_key(client: ClientRequest, raw_headers: list[tuple[bytes, bytes]]) -> str | None:
-    """The client's name for its conversation: ``prompt_cache_key`` (Responses, or chat completions
-    passing it on), a session header, or Claude Code's session id in its metadata."""
+    """The client's name for its conversation: the door's (Responses ``prompt_cache_key``, Claude Code's
+    session id in its ``metadata.user_id``, read by the Messages door), chat's ``prompt_cache_key``
+    (taken out of the payload with the client's identity), or a session header."""
     key = client.cache_key
-    if key is None:
-        given = client.payload.get("prompt_cache_key")
+    if key is None and client.identity:
+        given = client.identity.get("prompt_cache_key")
         key = given if isinstance(given, str) and given else None
     if key is None:
         key = next((v.decode("latin-1") for k, v in raw_headers if k in SESSION_HEADERS and v), None)
-    if key is None and client.identity:
-        key = _metadata_session(client.identity.get("metadata"))
     return None if key is None else key[:MAX_KEY_CHARS]
-
-
-def _metadata_session(metadata: Any) -> str | None:
-    user_id = metadata.get("user_id") if isinstance(metadata, dict) else None
-    if not isinstance(user_id, str) or not user_id.startswith("{"):
-        return None
-    try:
-        parsed = orjson.loads(user_id)
-    except orjson.JSONDecodeError:
-        return None
-    session = parsed.get("session_id") if isinstance(parsed, dict) else None
-    return session if isinstance(session, str) and session else None

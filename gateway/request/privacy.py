@@ -1,8 +1,10 @@
 """What of a client's identity may leave for an upstream, and what the ledger keeps of it.
 
 Clients send metadata that names a person, a device or a session: OpenAI's ``user``,
-``safety_identifier`` and ``metadata``, Codex's ``client_metadata``, Anthropic's ``metadata.user_id``
-(which the Anthropic door hands on as ``user``). Whatever door a request came through, these fields are
+``safety_identifier``, ``metadata`` and ``prompt_cache_key`` (which OpenAI documents as the replacement
+for ``user``), Codex's ``client_metadata``, Anthropic's ``metadata.user_id`` (whose user part the
+Anthropic door hands on as ``user``, its session id kept as the conversation's cache key:
+``doors/anthropic_identity.py``). Whatever door a request came through, these fields are
 taken out of its payload once it is parsed (``take_identity``) and go back only into the body of a
 backend whose policy says ``forward_user: true`` (``with_identity``): no upstream, and so no paid API,
 learns who asked unless the policy says it may. The ledger keeps, when ``ledger.user: hashed``, a keyed
@@ -18,13 +20,13 @@ from typing import Any
 from gateway.policy.compiled import CompiledBackend
 
 # The top-level request fields that identify whoever sent it, in every dialect the doors produce.
-IDENTITY_FIELDS = ("user", "safety_identifier", "metadata", "client_metadata")
+IDENTITY_FIELDS = ("user", "safety_identifier", "metadata", "client_metadata", "prompt_cache_key")
 USER_HASH_HEX = 32  # 128 bits of HMAC-SHA256: no collision among any real number of users
 
 
 def take_identity(payload: dict[str, Any]) -> dict[str, Any]:
     """Remove the identifying fields from ``payload`` and return them (an empty dict, almost always)."""
-    if not any(name in payload for name in IDENTITY_FIELDS):
+    if payload.keys().isdisjoint(IDENTITY_FIELDS):
         return {}
     return {name: payload.pop(name) for name in IDENTITY_FIELDS if name in payload}
 

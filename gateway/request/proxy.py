@@ -147,7 +147,8 @@ def parse(exchange: Exchange, body: bytes) -> ClientRequest:
     if any, so that its ledger row does."""
     policy = exchange.policy
     try:
-        client = exchange.door.parse(body, policy, policy.tuning.chars_per_token)
+        caller = "" if exchange.key is None else exchange.key.digest
+        client = exchange.door.parse(body, policy, policy.tuning.chars_per_token, caller)
     except GatewayError:
         route, stream = named_in(body, policy)
         exchange.observation = observation_of(exchange, route, stream=stream)

@@ -16,6 +16,7 @@ import orjson
 
 from gateway.doors.openai import route_of
 from gateway.errors import GatewayError
+from gateway.log_text import log_text
 from gateway.policy.compiled import CompiledPolicy
 from gateway.request.exchange import Exchange
 from gateway.values.observation import Observation
@@ -37,7 +38,7 @@ def refuse(exchange: Exchange, error: GatewayError) -> None:
     reason = reason_of(error)
     if observation.error_type is None:
         observation.status, observation.error_type = "refused", reason
-    message = error.message.replace("\n", " ")[:LOGGED_MESSAGE_CHARS]
+    message = log_text(error.message[:LOGGED_MESSAGE_CHARS])  # it may quote the client: no control chars
     log.info(
         "refused request %s: %s (%d %s; route %s, key %s): %s",
         exchange.request_id,

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import gzip
+import tracemalloc
 import zlib
 from collections.abc import AsyncIterator
 
@@ -17,7 +18,7 @@ from gateway.backends.openai_compat import OpenAICompatClient
 from gateway.backends.wire import PAUSE_AT_BYTES, WireError, WirePool
 from gateway.measure.meter import MAX_EVENT_BYTES, StreamMeter
 from gateway.values.observation import Attempt
-from tests.backends.test_wire import RawServer, answer, chunk, head_for, read_request
+from tests.backends.test_wire import STREAM_HEAD, Handler, RawServer, answer, chunk, head_for, read_request
 
 
 @pytest.fixture
@@ -232,6 +233,67 @@ async def test_a_body_flood_fails_a_whole_read_at_the_limit() -> None:
             assert "longer than" in str(failed.value)
     finally:
         wire.close()
+
+
+def trailers_after(body: bytes, *trailers: tuple[bytes, int]) -> Handler:
+    """An upstream answering with a chunked ``body`` and then ``trailers`` (name, size of its value),
+    each value written in 256 KiB pieces as the client reads them."""
+    piece = b"t" * (256 * 1024)
+
+    async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await read_request(reader)
+        writer.write(STREAM_HEAD + chunk(body) + b"0\r\n")
+        for name, size in trailers:
+            writer.write(name + b": ")
+            for _ in range(size // len(piece)):
+                writer.write(piece)
+                await writer.drain()
+            writer.write(piece[: size % len(piece)] + b"\r\n")
+            await writer.drain()
+        writer.write(b"\r\n")
+        await writer.drain()
+
+    return handler
+
+
+async def read_traced(handler: Handler) -> tuple[bytes | WireError, int]:
+    """What reading the answer gives, and the most memory Python held meanwhile (tracemalloc's peak:
+    httptools holds a header's value in bytes objects until it ends)."""
+    wire = WirePool()
+    tracemalloc.start()
+    try:
+        async with RawServer(handler) as server:
+            origin = server.origin()
+            response = await wire.post(origin, head_for(origin), b"{}", 5.0)
+            try:
+                result: bytes | WireError = await response.read()
+                assert response.header(b"x-trailer") is None  # a trailer is never one of the answer's
+            except WireError as exc:
+                result = exc
+            response.close()
+        return result, tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+        wire.close()
+
+
+async def test_a_24_mib_trailer_fails_at_the_head_limit_without_being_held() -> None:
+    result, peak = await read_traced(trailers_after(b"{}", (b"x-trailer", 24 * 1024 * 1024)))
+    assert isinstance(result, WireError) and "trailers are longer" in str(result)
+    # Unbounded, the trailer's 24 MiB is held (and copied as it grows): 72 MiB at the peak.
+    assert peak < 4 * 1024 * 1024
+
+
+async def test_200_trailers_of_200_kb_fail_at_the_head_limit() -> None:
+    trailers = [(b"x-trailer-%d" % n, 200 * 1000) for n in range(200)]
+    result, peak = await read_traced(trailers_after(b"{}", *trailers))
+    assert isinstance(result, WireError) and "trailers are longer" in str(result)
+    assert peak < 4 * 1024 * 1024
+
+
+async def test_small_trailers_are_read_and_dropped() -> None:
+    result, _ = await read_traced(trailers_after(b'{"ok": 1}', (b"x-trailer", 40), (b"x-checksum", 64)))
+    assert result == b'{"ok": 1}'
 
 
 def gzip_bomb(inflated: int) -> bytes:

@@ -11,13 +11,14 @@ from typing import Any
 import httpx
 import pytest
 
-from gateway.doors.reasoning_seal import KEY_ENV, Sealer, ensure_key
+from gateway.doors.reasoning_seal import KEY_ENV, Keyring, ensure_key
 from gateway.doors.responses import RESPONSES, chat_payload
 from gateway.doors.responses_answer import ResponsesState
 from tests.conftest import Gateway, Upstreams
 from tests.doors.ledger import ANSWER, THINKING
 
 FIXTURES = Path(__file__).resolve().parents[1] / "clients" / "fixtures"
+TEST_SECRET = "a test key of thirty-two characters or more"
 FUNCTION = {"type": "function", "name": "lookup", "parameters": {"type": "object", "properties": {}}}
 NAMESPACE = {
     "type": "namespace",
@@ -81,7 +82,7 @@ def upstream_messages(upstreams: Upstreams) -> list[dict[str, Any]]:
 
 @pytest.fixture(autouse=True)
 def reasoning_key(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv(KEY_ENV, "a test key")
+    monkeypatch.setenv(KEY_ENV, TEST_SECRET)
 
 
 # -- Codex's recorded requests, translated -----------------------------------------------------------
@@ -128,7 +129,7 @@ def test_a_recorded_codex_request_is_answered_with_a_call_to_its_shell_tool(gate
     reasoning, call = response["output"]
     assert call["type"] == "function_call" and call["name"] == "exec_command" and "namespace" not in call
     assert json.loads(call["arguments"]) == {"cmd": ANSWER}
-    assert reasoning["type"] == "reasoning" and reasoning["encrypted_content"].startswith("gw1:")
+    assert reasoning["type"] == "reasoning" and reasoning["encrypted_content"].startswith("gw2:")
 
 
 # -- namespaces and custom tools: the model's calls go back as the client offered the tools ----------
@@ -223,12 +224,15 @@ def test_sealed_reasoning_comes_back_to_the_model(gateway: Gateway, upstreams: U
     assert assistant == [{"role": "assistant", "content": ANSWER, "reasoning_content": THINKING}]
 
 
-@pytest.mark.parametrize("blob", ["tampered", "gAAAAABopenai-style-opaque-blob", "gw1:AAAA", "gw1:!!"])
+@pytest.mark.parametrize(
+    "blob",
+    ["tampered", "gAAAAABopenai-style-opaque-blob", "gw1:AAAA", "gw2:AAAA", "gw2:!!", "gw2:" + "A" * 60],
+)
 def test_reasoning_this_gateway_cannot_open_is_left_out_with_a_note(
     gateway: Gateway, upstreams: Upstreams, blob: str
 ) -> None:
     if blob == "tampered":
-        sealed = Sealer("a test key").seal("secret thoughts")
+        sealed = Keyring(TEST_SECRET).for_caller("").seal("secret thoughts")
         blob = sealed[:-6] + ("AAAAAA" if not sealed.endswith("AAAAAA") else "BBBBBB")
     history = [
         {"role": "user", "content": "think"},
@@ -242,10 +246,10 @@ def test_reasoning_this_gateway_cannot_open_is_left_out_with_a_note(
     assert all("reasoning_content" not in m for m in upstream_messages(upstreams))
 
 
-def test_another_key_cannot_open_a_blob() -> None:
-    blob = Sealer("one key").seal("thoughts")
-    assert Sealer("one key").open(blob) == "thoughts"
-    assert Sealer("another key").open(blob) is None
+def test_another_secret_cannot_open_a_blob() -> None:
+    blob = Keyring("one secret of thirty-two characters...").for_caller("").seal("thoughts")
+    assert Keyring("one secret of thirty-two characters...").for_caller("").open(blob) == "thoughts"
+    assert Keyring("another secret of thirty-two characters").for_caller("").open(blob) is None
 
 
 def test_reasoning_is_sealed_only_when_asked(gateway: Gateway) -> None:
@@ -265,10 +269,12 @@ def test_a_forced_namespaced_function_is_forced_by_its_chat_name(
 
 
 def test_serve_makes_a_key_only_when_the_operator_set_none() -> None:
-    given = {KEY_ENV: "the fleet's key"}
-    ensure_key(given)
-    assert given == {KEY_ENV: "the fleet's key"}
+    given = {KEY_ENV: "the fleet's key, thirty-two characters long"}
+    assert ensure_key(given) is None
+    assert given == {KEY_ENV: "the fleet's key, thirty-two characters long"}
     empty: dict[str, str] = {}
     ensure_key(empty)
     made = empty[KEY_ENV]
-    assert len(made) >= 32 and Sealer(made).open(Sealer(made).seal("x")) == "x"
+    assert (
+        len(made) >= 32 and Keyring(made).for_caller("").open(Keyring(made).for_caller("").seal("x")) == "x"
+    )

@@ -9,8 +9,11 @@ from pathlib import Path
 from typing import Any
 
 from gateway.doors import ClientRequest
+from gateway.doors.anthropic import MESSAGES
+from gateway.doors.anthropic_identity import user_and_session
 from gateway.request.cache_keys import client_key, keys_for
 from gateway.request.privacy import take_identity
+from tests.unit import factories
 from tests.unit.factories import route
 
 FIXTURES = Path(__file__).resolve().parents[1] / "clients" / "fixtures"
@@ -30,14 +33,35 @@ def client(payload: dict[str, Any], prompt_tokens: int = 5000) -> ClientRequest:
 
 def test_codex_names_its_session_in_prompt_cache_key() -> None:
     body, headers = recorded("codex-0.171.0-kimi-k3.json")
-    assert client_key(client(body), headers) == body["prompt_cache_key"]
+    key = body["prompt_cache_key"]
+    assert client_key(client(dict(body)), headers) == key
     del body["prompt_cache_key"]
     assert client_key(client(body), headers) == "01a23c16-d788-7630-8d7d-566d1d111387"  # session-id
 
 
 def test_claude_code_names_its_session_in_its_metadata() -> None:
+    """Read by the Messages door before the identity is taken out of the payload."""
     body, headers = recorded("claude_code_first_turn.json")
-    assert client_key(client(body), headers) == "00000000-0000-4000-8000-000000000000"
+    policy = factories.policy([factories.api_backend("api")], [route(("api",))])
+    parsed = MESSAGES.parse(json.dumps(body).encode(), policy, 4.0)
+    parsed.identity = take_identity(parsed.payload)
+    assert client_key(parsed, headers) == "00000000-0000-4000-8000-000000000000"
+    assert parsed.identity["user"] == '{"account_uuid":"","device_id":"' + "0" * 64 + '"}'  # no session
+
+
+def test_claude_code_1x_user_id_splits_too() -> None:
+    user_id = "user_abc123_account_4f3e_session_9d8c-7b6a"
+    assert user_and_session(user_id) == ("user_abc123_account_4f3e", "9d8c-7b6a")
+    assert user_and_session("alice") == ("alice", None)
+    assert user_and_session("{not json") == ("{not json", None)
+
+
+def test_prompt_cache_key_is_taken_with_the_identity_and_still_keys_the_conversation() -> None:
+    request = client({"messages": [], "prompt_cache_key": "conversation-7"})
+    assert "prompt_cache_key" not in request.payload and request.identity == {
+        "prompt_cache_key": "conversation-7"
+    }
+    assert client_key(request, []) == "conversation-7"
 
 
 def test_a_session_header_names_it_for_other_clients() -> None:
