@@ -21,6 +21,7 @@ from gateway.money.costs import per_token, pool_usd_per_token
 from gateway.policy import schema
 from gateway.policy.affinity import replica_groups
 from gateway.policy.aliases import alias_problems, compiled_aliases
+from gateway.policy.cache_scope import compile_cache_scopes
 from gateway.policy.compiled import CompiledBackend, CompiledPolicy, CompiledRoute, PoolPrice, TokenPrices
 from gateway.policy.document import (
     Document,
@@ -173,6 +174,7 @@ def _compile(text: str, source: str, digest: str, environ: Env) -> CompiledPolic
         keys_file=keys_path,
         exact_aliases=types.MappingProxyType(exact_aliases),
         glob_aliases=glob_aliases,
+        cache_scopes=compile_cache_scopes(raw),
     )
 
 

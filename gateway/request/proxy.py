@@ -34,7 +34,7 @@ from gateway.errors import (
 from gateway.money.costs import bounded_max_tokens
 from gateway.policy.compiled import CompiledBackend
 from gateway.request.auth import authorize_route
-from gateway.request.cache_keys import keys_for
+from gateway.request.cache_keys import keys_for, with_cache_salt
 from gateway.request.dialect import insert_usage_cost, read_completion, unusable_answer
 from gateway.request.drain import SHUTDOWN_CODE, UNANSWERED_MESSAGE
 from gateway.request.exchange import Exchange
@@ -120,7 +120,7 @@ async def answer(exchange: Exchange, request: Request, receive: Receive) -> Resp
         raise Overloaded(server.max_in_flight, server.shed_retry_after_s)
     exchange.watch_client(receive)
     client = exchange.client = parse(exchange, body)
-    client.keys = keys_for(client, request.scope["headers"], policy.tuning.chars_per_token)
+    client.keys = keys_for(client, request.scope["headers"], policy, exchange.key, runtime.prefixes.carry)
     candidates = (policy.backends[name] for name in client.route.backends)
     client.max_tokens = bounded_max_tokens(client.max_tokens, client.prompt_tokens, candidates)
     observation = exchange.observation = observation_of(exchange, client.route.name, stream=client.stream)
@@ -310,6 +310,7 @@ def upstream_body(client: ClientRequest, backend: CompiledBackend) -> bytes:
     payload: dict[str, Any] = dict(shaped_payload)
     payload["model"] = backend.model
     with_identity(payload, client.identity, backend)
+    with_cache_salt(payload, client.cache_salt, backend)
     if client.stream:
         payload["stream_options"] = {**(client.payload.get("stream_options") or {}), "include_usage": True}
     return orjson.dumps(payload)

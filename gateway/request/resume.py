@@ -28,6 +28,7 @@ import orjson
 from gateway.backends import UpstreamCall
 from gateway.backends.chat_shape import shaped
 from gateway.errors import AttemptFailure
+from gateway.request.cache_keys import with_cache_salt
 from gateway.request.dialect import REASONING_FIELDS
 from gateway.request.first_events import first_events
 from gateway.request.meter import StreamMeter
@@ -94,7 +95,9 @@ async def resume_stream(exchange: Exchange, meter: StreamMeter, failure: Attempt
         attempt = exchange.begin_attempt(name)
         attempt.resumed = "continued" if answer else "restarted"
         reasoning = "".join(transcript.reasoning)
-        body = continuation_body(client.payload, backend, answer, reasoning, client.max_tokens, generated)
+        body = continuation_body(
+            client.payload, backend, answer, reasoning, client.max_tokens, generated, client.cache_salt
+        )
         call = UpstreamCall(
             backend, "/chat/completions", body, True, min(backend.timeouts.first_byte_s, remaining)
         )
@@ -129,6 +132,7 @@ def continuation_body(
     reasoning: str,
     max_tokens: int | None,
     generated: int,
+    cache_salt: str | None = None,
 ) -> bytes:
     """The client's request, asking ``backend`` to go on from ``answer`` (or to start over without one),
     shaped as that backend takes it (``backends.chat_shape``); ``reasoning`` is the thinking that came
@@ -136,6 +140,7 @@ def continuation_body(
     payload = shaped(payload, backend)[0]
     body = dict(payload)
     body["model"] = backend.model
+    with_cache_salt(body, cache_salt, backend)  # the continuation stays in the request's cache scope
     body["stream"] = True
     body["stream_options"] = {**(payload.get("stream_options") or {}), "include_usage": True}
     if max_tokens is not None:
