@@ -3,6 +3,11 @@ against the emulators (two B300-like replicas of one pool, ``family: kimi-k3``, 
 through the simulator with the gateway's own decision and the baselines on the same requests.
 
     python -m bench.routing --workload agents [--sessions 24] [--seed 1] [--time-scale 0.1] [--sim-only]
+        [--keys N]
+
+``--keys N``: the sessions use N API keys (session i the key i % N), so the route isolates each key's
+prefix cache (``prefix_cache: {share: key}``, its default with more than one key): the engines get each
+key's cache_salt and the index is kept per key. 0 (the default): no keys, one cache for all.
 
 Total cost counts both replicas for the whole run (paid by the hour) plus the API's tokens at their
 cached and uncached prices; cache hit rate is cached over all prompt tokens answered.
@@ -40,7 +45,21 @@ KV_CAPACITY_TOKENS = 2_097_152  # each replica's KV cache, as the workload's pro
 BACKENDS = (*REPLICAS, "paid-api")
 
 
-def policy_text(urls: dict[str, str], real_seconds: float) -> str:
+def api_key(index: int) -> str:
+    return f"gwk-agents-{index:04d}-0123456789abcdefghijklmnopqrstuvwxyz"
+
+
+def auth_text(keys: int) -> str:
+    """``keys`` API keys for the sessions (none: an open gateway, one cache scope)."""
+    if not keys:
+        return ""
+    from gateway.values.auth import digest_of
+
+    entries = "".join(f"    - {{name: agents-{i}, sha256: {digest_of(api_key(i))}}}\n" for i in range(keys))
+    return f"auth:\n  keys:\n{entries}"
+
+
+def policy_text(urls: dict[str, str], real_seconds: float, keys: int = 0) -> str:
     """Two replicas of one pool and the API, lowest cost within a TTFT SLO; ``real_seconds`` turns
     emulated seconds into the gateway's real ones (its scraper and timeouts wait in real time)."""
     interval = 1.0 * real_seconds
@@ -79,21 +98,21 @@ routes:
     backends: [{", ".join(BACKENDS)}]
     slo: {{ttft_p95_ms: {SLO_S * 1000:g}}}
     exploration: 0
-"""
+""" + auth_text(keys)
 
 
-def workload(sessions: int | None = None, seed: int | None = None) -> Workload:
+def workload(sessions: int | None = None, seed: int | None = None, keys: int = 0) -> Workload:
     spec = read_agents_file(WORKLOAD)
-    changes = {k: v for k, v in (("sessions", sessions), ("seed", seed)) if v is not None}
+    changes = {k: v for k, v in (("sessions", sessions), ("seed", seed), ("keys", keys)) if v is not None}
     work = agent_workload(spec.model_copy(update=changes))
     # Each request asks for exactly its length, as the emulators need to stop there.
     return work._replace(requests=[r._replace(max_tokens=r.output_tokens) for r in work.requests])
 
 
-def through_simulator(work: Workload, tmp: Path) -> list[dict[str, Any]]:
+def through_simulator(work: Workload, tmp: Path, keys: int = 0) -> list[dict[str, Any]]:
     os.environ["AGENTS_PAID_KEY"] = PAID_KEY
     path = tmp / "sim-policy.yaml"
-    path.write_text(policy_text({name: f"http://127.0.0.1:9/{name}" for name in BACKENDS}, 1.0))
+    path.write_text(policy_text({name: f"http://127.0.0.1:9/{name}" for name in BACKENDS}, 1.0, keys))
     policy = load_policy(path)
     rows = []
     for name in (GATEWAY, *AGENT_BASELINES):
@@ -148,7 +167,9 @@ def emulators(work: Workload, time_scale: float, ports: list[int]) -> Iterator[N
         yield
 
 
-async def _send_all(base_url: str, requests: list[SimRequest], time_scale: float) -> Counter[int]:
+async def _send_all(
+    base_url: str, requests: list[SimRequest], time_scale: float, keys: int = 0
+) -> Counter[int]:
     statuses: Counter[int] = Counter()
     limits = httpx.Limits(max_connections=200, max_keepalive_connections=50)
     async with httpx.AsyncClient(base_url=base_url, timeout=600, limits=limits) as client:
@@ -162,7 +183,8 @@ async def _send_all(base_url: str, requests: list[SimRequest], time_scale: float
                 "max_tokens": req.max_tokens,
                 "stream": True,
             }
-            async with client.stream("POST", "/chat/completions", json=body) as response:
+            headers = {"authorization": f"Bearer {api_key(req.session % keys)}"} if keys else {}
+            async with client.stream("POST", "/chat/completions", json=body, headers=headers) as response:
                 await response.aread()
                 statuses[response.status_code] += 1
 
@@ -170,7 +192,7 @@ async def _send_all(base_url: str, requests: list[SimRequest], time_scale: float
     return statuses
 
 
-def through_gateway(work: Workload, tmp: Path, time_scale: float) -> dict[str, Any]:
+def through_gateway(work: Workload, tmp: Path, time_scale: float, keys: int = 0) -> dict[str, Any]:
     from tests.conftest import measured_gateway
     from tests.servers import ProcessServer, free_port, python_module, wait_http
 
@@ -184,9 +206,9 @@ def through_gateway(work: Workload, tmp: Path, time_scale: float) -> dict[str, A
         for url in urls.values():
             wait_http(url + "/health")
         path = tmp / "gateway-policy.yaml"
-        path.write_text(policy_text(urls, time_scale))
+        path.write_text(policy_text(urls, time_scale, keys))
         with measured_gateway(path, ledger, time_scale) as gateway:
-            statuses = asyncio.run(_send_all(gateway.base_url, work.requests, time_scale))
+            statuses = asyncio.run(_send_all(gateway.base_url, work.requests, time_scale, keys))
     finally:
         server.stop()
     return ledger_summary(ledger, work, statuses)
@@ -243,15 +265,22 @@ def table(rows: list[dict[str, Any]], oracle_usd: float) -> str:
     return "\n".join(lines)
 
 
-def run(sessions: int | None, seed: int | None, time_scale: float, sim_only: bool, tmp: Path) -> str:
-    work = workload(sessions, seed)
-    simulated = through_simulator(work, tmp)
-    rows = simulated if sim_only else [through_gateway(work, tmp, time_scale), *simulated]
+def run(
+    sessions: int | None, seed: int | None, time_scale: float, sim_only: bool, tmp: Path, keys: int = 0
+) -> str:
+    work = workload(sessions, seed, keys)
+    simulated = through_simulator(work, tmp, keys)
+    rows = simulated if sim_only else [through_gateway(work, tmp, time_scale, keys), *simulated]
     oracle = next(r for r in simulated if r["name"] == "session-oracle")
     prompt = sum(r.prompt_tokens for r in work.requests)
     head = (
         f"{len(work.requests)} turns of {len({r.session for r in work.requests})} agent sessions over "
-        f"{work.duration_s:g} s (seed {work.seed}), {prompt / 1e6:.0f}M prompt tokens, TTFT SLO {SLO_S:g} s"
+        f"{work.duration_s:g} s (seed {work.seed}), {prompt / 1e6:.0f}M prompt tokens, TTFT SLO {SLO_S:g} s, "
+        + (
+            f"{keys} API keys (session i uses key i % {keys}), each its own cache scope"
+            if keys
+            else "one cache scope"
+        )
     )
     lines = [head, table(rows, oracle["total_cost_usd"])]
     if not sim_only:

@@ -2,6 +2,10 @@
 lookup over a route's candidates (``expected_cached_many``) and, after the answer, ``record``, with
 10,000 live conversations held over three backends. The target (issue 30): keys + lookup <= 5 us.
 
+The keys are made as the request path makes them: in a key's cache scope (a seed), each
+conversation's next turn carried from its previous one (``KeyCarry``: only its new message hashed);
+``keys_hashed_whole`` is a prompt without a client key, all ~230 KB of it hashed.
+
     python -m bench.prefix_index [--sessions 10000] [--messages 22] [--json out.json]
 """
 
@@ -18,10 +22,11 @@ from typing import Any
 
 import orjson
 
-from gateway.measure.prefix_index import PrefixIndex, PromptKeys, prompt_keys
+from gateway.measure.prefix_index import KeyCarry, PrefixIndex, PromptKeys, prompt_keys
 
 BACKENDS = ("b300-a", "b300-b", "api")
 SAMPLED = 1000  # of the live sessions, those whose next turn is sent (each ~200 KB of JSON)
+SEED = 0x5EED_0F_A_CA11E4  # the cache scope of one API key (policy/cache_scope.py derives them)
 SYSTEM = "You are a coding agent working in a repository. Follow the instructions. " * 150
 
 
@@ -63,11 +68,12 @@ def _timed(
 def run(sessions: int = 10_000, messages: int = 22, iterations: int = 20_000) -> dict[str, Any]:
     rng = random.Random(7)
     index = PrefixIndex(lambda name: 300.0, lambda name: 10**12)
+    carry = KeyCarry()  # as the runtime's (measure/prefixes.py)
     payloads = []
     now = 0.0
     for session in range(sessions):
         convo = conversation(rng, session, messages)
-        keys = prompt_keys({"messages": convo}, _chars(convo), 4.0, f"session-{session}")
+        keys = prompt_keys({"messages": convo}, _chars(convo), 4.0, f"session-{session}", SEED, carry)
         index.record(BACKENDS[session % len(BACKENDS)], keys, now)
         if session % (sessions // SAMPLED) == 0:  # the next turns sent: a sample, to bound memory
             nxt = [*convo, {"role": "user", "content": f"next turn of {session} " + "y" * 500}]
@@ -86,14 +92,19 @@ def run(sessions: int = 10_000, messages: int = 22, iterations: int = 20_000) ->
 
     def keys_only(i: int) -> None:
         _, chars, client_key = payloads[picks[i]]
-        ready.append(prompt_keys(parsed[0], chars, 4.0, client_key))
+        ready.append(prompt_keys(parsed[0], chars, 4.0, client_key, SEED, carry))
 
     keys = _timed(iterations, keys_only, parse)
+
+    def keys_whole(i: int) -> None:
+        prompt_keys(parsed[0], payloads[picks[i]][1], 4.0, None, SEED)
+
+    whole = _timed(max(1, iterations // 10), keys_whole, parse)
     lookup = _timed(iterations, lambda i: index.expected_cached_many(BACKENDS, ready[i], now))
 
     def both(i: int) -> None:
         _, chars, client_key = payloads[picks[i]]
-        index.expected_cached_many(BACKENDS, prompt_keys(parsed[0], chars, 4.0, client_key), now)
+        index.expected_cached_many(BACKENDS, prompt_keys(parsed[0], chars, 4.0, client_key, SEED, carry), now)
 
     request_path = _timed(iterations, both, parse)
     warm = [orjson.loads(body) for body, _, _ in payloads[:100]]
@@ -101,7 +112,8 @@ def run(sessions: int = 10_000, messages: int = 22, iterations: int = 20_000) ->
     def both_warm(i: int) -> None:
         # The same with the payload and the index's entries already in the CPU caches: the work itself.
         _, chars, client_key = payloads[i % 100]
-        index.expected_cached_many(BACKENDS, prompt_keys(warm[i % 100], chars, 4.0, client_key), now)
+        keys = prompt_keys(warm[i % 100], chars, 4.0, client_key, SEED, carry)
+        index.expected_cached_many(BACKENDS, keys, now)
 
     request_path_warm = _timed(iterations, both_warm)
     record = _timed(iterations, lambda i: index.record(BACKENDS[picks[i] % 3], ready[i], now + 1.0))
@@ -111,6 +123,7 @@ def run(sessions: int = 10_000, messages: int = 22, iterations: int = 20_000) ->
         "messages_per_prompt": messages + 1,
         "entries": {name: int(r["entries"]) for name, r in index.report().items()},
         "keys": keys,
+        "keys_hashed_whole": whole,
         "lookup_3_candidates": lookup,
         "keys_and_lookup": request_path,
         "keys_and_lookup_warm": request_path_warm,
@@ -134,6 +147,7 @@ def main(argv: list[str] | None = None) -> None:
     print(f"{result['sessions']} live sessions, {result['messages_per_prompt']} messages per prompt")
     for name in (
         "keys",
+        "keys_hashed_whole",
         "lookup_3_candidates",
         "keys_and_lookup",
         "keys_and_lookup_warm",

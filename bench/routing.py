@@ -4,7 +4,7 @@ gateway against the emulators over HTTP, compared with the simulator's baselines
 on the same requests: SLO attainment and total cost (pools for the whole run, the API per token).
 
     python -m bench.routing [--duration 300] [--time-scale 0.25] [--seed 11] [--json FILE]
-    python -m bench.routing --workload agents [--sessions 24] [--sim-only]   (bench/agents.py)
+    python -m bench.routing --workload agents [--sessions 24] [--sim-only] [--keys N]   (bench/agents.py)
 
 The gateway runs the default-style policy below (lowest cost within the SLO, probes, waiting);
 the baselines and the oracle run in the simulator (``gateway simulate``) over the same workload.
@@ -197,6 +197,12 @@ def main() -> None:
     parser.add_argument("--workload", choices=("ramp", "agents"), default="ramp")
     parser.add_argument("--sessions", type=int, default=None, help="agents: sessions (default: the file's)")
     parser.add_argument("--sim-only", action="store_true", help="agents: the simulator's rows only")
+    parser.add_argument(
+        "--keys",
+        type=int,
+        default=0,
+        help="agents: API keys the sessions use, each its own cache scope (0: none)",
+    )
     args = parser.parse_args()
     if args.workload == "agents":
         from bench import agents
@@ -206,7 +212,7 @@ def main() -> None:
         scale = 0.1 if args.time_scale == 0.25 else args.time_scale
         seed = None if args.seed == 11 else args.seed
         with tempfile.TemporaryDirectory() as tmp:
-            print(agents.run(args.sessions, seed, scale, args.sim_only, Path(tmp)))
+            print(agents.run(args.sessions, seed, scale, args.sim_only, Path(tmp), args.keys))
         return
     work = workload(args.duration, args.seed)
     with tempfile.TemporaryDirectory() as tmp:

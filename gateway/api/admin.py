@@ -18,7 +18,9 @@ from starlette.routing import Route
 from gateway.api.bounded import bounded_body
 from gateway.api.responses import json_response
 from gateway.errors import InvalidRequest, ModelNotFound, PolicyRejected
+from gateway.policy.compiled import CompiledPolicy
 from gateway.policy.load import PolicyError
+from gateway.request.cache_keys import scoped_client_key
 from gateway.runtime import Runtime
 from gateway.version import gateway_version
 
@@ -51,7 +53,9 @@ async def explain(request: Request) -> Response:
     prompt_tokens = _int_param(request, "prompt_tokens", 500) or 0
     max_tokens = _int_param(request, "max_tokens", None)
     cache_key = request.query_params.get("cache_key") or None  # a conversation's client key
-    decision = runtime.explain(route, prompt_tokens, max_tokens, cache_key)
+    scope = policy.cache_scopes.scope(route.name, _viewer(request, policy))
+    scoped = scoped_client_key(scope.seed, cache_key) if cache_key and scope.seed else cache_key
+    decision = runtime.explain(route, prompt_tokens, max_tokens, scoped)
     return json_response(
         {
             "route": route.name,
@@ -59,12 +63,26 @@ async def explain(request: Request) -> Response:
             "when_infeasible": route.when_infeasible,
             "slo": route.slo.model_dump(exclude_none=True),
             "request": {"prompt_tokens": prompt_tokens, "max_tokens": max_tokens, "cache_key": cache_key},
+            # Whose prompts the cached tokens count: the caller's scope, or the one of ``key``.
+            "cache_scope": scope.label or "fleet",
             "choice": decision.chosen,
             "reason": decision.reason,
             "order": list(decision.order),
             "candidates": [evaluation.as_dict() for evaluation in decision.evals],
         }
     )
+
+
+def _viewer(request: Request, policy: CompiledPolicy) -> str | None:
+    """Whose view of the prefix cache an explanation shows: the key named by ``key`` (an admin asking
+    what that key would be told), else the caller's own key; None on a gateway without keys."""
+    named = request.query_params.get("key")
+    if named:
+        if named not in policy.cache_scopes.by_key:
+            raise InvalidRequest(f"no API key named '{named[:64]}'", param="key")
+        return named
+    caller = runtime_of(request).authenticate(policy, request.headers)
+    return None if caller is None else caller.name
 
 
 async def policy_status(request: Request) -> Response:

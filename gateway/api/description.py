@@ -275,8 +275,12 @@ def describe(routes: list[str], keyed: bool) -> dict[str, Any]:
         _param("model", "query", required=True, schema={"type": "string", "enum": routes or ["(no route)"]}),
         _param("prompt_tokens", "query", schema={"type": "integer", "minimum": 0, "maximum": 999_999_999}),
         _param("max_tokens", "query", schema={"type": "integer", "minimum": 0, "maximum": 999_999_999}),
+        _param("cache_key", "query", schema={"type": "string"}),  # a conversation's client key
+        _param("key", "query", schema={"type": "string"}),  # whose view of the prefix cache
     ]
-    explain["responses"]["400"] = _json_response("a parameter is not a non-negative integer", "Error")
+    explain["responses"]["400"] = _json_response(
+        "a parameter is not a non-negative integer, or no such key", "Error"
+    )
     paths["/admin/explain"] = {"get": explain}
     paths["/admin/policy"] = {"get": _admin("the running policy and the last rejected reload", keyed)}
     reload = _admin("reload the policy file", keyed, extra={"422": "the file was rejected"})

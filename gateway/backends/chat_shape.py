@@ -156,3 +156,16 @@ def _shape_reasoning(payload: dict[str, Any], backend: CompiledBackend, notes: l
     elif dialect == "llamacpp":
         del payload["reasoning_effort"]
         notes.append("reasoning_effort dropped: llama.cpp takes no effort per request")
+
+
+# The engines whose prefix cache a request's ``cache_salt`` isolates (docs/contracts/vllm.yaml and
+# sglang.yaml, prefix_cache.salt). llama-server has none (llamacpp.yaml), and a paid API would refuse
+# an argument it does not know (and isolates organisations itself): neither is sent one.
+SALTED_DIALECTS = frozenset(("vllm", "sglang"))
+
+
+def with_cache_salt(payload: dict[str, Any], salt: str | None, backend: CompiledBackend) -> None:
+    """The request's salt into an upstream body for an engine that isolates by it (the scope's own,
+    replacing any the client sent); nothing for the fleet's scope or another backend."""
+    if salt is not None and backend.dialect in SALTED_DIALECTS:
+        payload["cache_salt"] = salt

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any
 
 import orjson
 
-from gateway.backends.chat_shape import shaped
+from gateway.backends.chat_shape import shaped, with_cache_salt
 
 if TYPE_CHECKING:
     from gateway.policy.compiled import CompiledBackend
@@ -23,6 +23,7 @@ def continuation_body(
     reasoning: str,
     max_tokens: int | None,
     generated: int,
+    cache_salt: str | None = None,
 ) -> bytes:
     """The client's request, asking ``backend`` to go on from ``answer`` (or to start over without one),
     shaped as that backend takes it (``backends.chat_shape``); ``reasoning`` is the thinking that came
@@ -30,6 +31,7 @@ def continuation_body(
     payload = shaped(payload, backend)[0]
     body = dict(payload)
     body["model"] = backend.model
+    with_cache_salt(body, cache_salt, backend)  # the continuation stays in the request's cache scope
     body["stream"] = True
     body["stream_options"] = {**(payload.get("stream_options") or {}), "include_usage": True}
     if max_tokens is not None:

@@ -39,6 +39,8 @@ class ClientRequest:
     upstream_notes: tuple[str, ...] = ()
     cache_key: str | None = None  # the client's prompt-cache key (Responses ``prompt_cache_key``)
     keys: PromptKeys = NO_KEYS  # the prompt's keys for the prefix index (request/cache_keys.py)
+    # The engines' cache_salt for the request's cache scope (policy/cache_scope.py); None: shared.
+    cache_salt: str | None = None
     door_state: Any = None  # what the door needs again to answer in its dialect (its own type)
 
 

@@ -46,6 +46,22 @@ class CompletionRequest:
     # the first tool (so clients can test a tool round trip); None otherwise.
     tool_name: str | None = None
     tool_argument: str = "query"  # the string argument the call fills: the tool's first required one
+    # vLLM's and SGLang's ``cache_salt``: the prompt's cached blocks are found only under the same salt.
+    cache_salt: str | None = None
+
+
+def _cache_salt(body: dict[str, Any], strict: bool) -> str | None:
+    """A non-empty string, or absent; ``strict``: as vLLM checks it too (docs/contracts/vllm.yaml,
+    prefix_cache.salt), at most 128 characters and none of '@', '/', '\\', NUL."""
+    salt = body.get("cache_salt")
+    if salt is not None and (not isinstance(salt, str) or not salt):
+        raise BadRequest("Parameter 'cache_salt' must be a non-empty string if provided.")
+    if strict and salt is not None and (len(salt) > 128 or any(c in "@/\\\0" for c in salt)):
+        raise BadRequest(
+            "Parameter 'cache_salt' must be at most 128 characters and must "
+            "not contain '@', '/', '\\\\', or NUL."
+        )
+    return salt
 
 
 def _continuation(body: dict[str, Any], style: ContinuationStyle) -> str | None:
@@ -99,6 +115,7 @@ def parse_completion_request(
     *,
     strict_stream_options: bool,
     continuation_style: ContinuationStyle = "none",
+    strict_cache_salt: bool = False,
 ) -> CompletionRequest:
     if not isinstance(body, dict):
         raise BadRequest("Request body must be a JSON object.")
@@ -129,6 +146,7 @@ def parse_completion_request(
         continuous_usage_stats=bool(stream) and options.get("continuous_usage_stats") is True,
         continuation=continuation,
         continuation_past_thinking=continuation is None or _past_thinking(body, continuation_style),
+        cache_salt=_cache_salt(body, strict_cache_salt),
         **(_tool_to_call(body) if endpoint == "chat" else {}),
     )
 

@@ -11,6 +11,8 @@ from __future__ import annotations
 from collections import OrderedDict
 
 CHARS_PER_TOKEN = 4
+# The dialects whose engines take a request's ``cache_salt`` (docs/contracts/, prefix_cache.salt).
+SALTED_DIALECTS = frozenset(("vllm", "sglang"))
 
 
 class PrefixCache:
@@ -31,8 +33,12 @@ class PrefixCache:
         self._min_tokens = min_tokens
         self._blocks: OrderedDict[int, float] = OrderedDict()  # chained hash -> last used (emulated s)
 
-    def lookup_and_store(self, text: str, prompt_tokens: int, now: float = 0.0) -> int:
-        """Cached tokens for this prompt; then remember its blocks for the prompts that follow."""
+    def lookup_and_store(
+        self, text: str, prompt_tokens: int, now: float = 0.0, salt: str | None = None
+    ) -> int:
+        """Cached tokens for this prompt; then remember its blocks for the prompts that follow. A
+        ``salt`` enters the first block's hash, so every block of a salted prompt is found only by a
+        prompt with the same salt (vLLM: kv_cache_utils.py's extra keys; SGLang: its radix keys)."""
         if self._block_chars <= 0 or prompt_tokens <= 1:
             return 0
         # The last prompt token is always computed, so at most prompt_tokens - 1 can be cached.
@@ -43,7 +49,7 @@ class PrefixCache:
         horizon = None if self._ttl_s is None else now - self._ttl_s
         blocks = self._blocks
         size = self._block_chars
-        chained = 0
+        chained = 0 if salt is None else hash(("cache_salt", salt))
         hits = 0
         still_matching = True
         chain: list[int] = []

@@ -28,7 +28,7 @@ from gateway.emulator.parsing import (
     Endpoint,
     parse_completion_request,
 )
-from gateway.emulator.prefix_cache import PrefixCache
+from gateway.emulator.prefix_cache import SALTED_DIALECTS, PrefixCache
 from gateway.emulator.profiles import Profile
 from gateway.emulator.recording import RequestLog
 from gateway.emulator.replies import Abort, Part, Reply, Start
@@ -170,6 +170,7 @@ class Emulator:
                 endpoint,
                 strict_stream_options=self.profile.dialect != "llamacpp",
                 continuation_style=CONTINUATION_STYLES.get(self.profile.dialect, "none"),
+                strict_cache_salt=self.profile.dialect == "vllm",
             )
         except BadRequest as exc:
             return self.error_response(400, str(exc))
@@ -256,8 +257,9 @@ class Emulator:
             finish_reason = "length"
             reasoning = min(reasoning, parsed.max_tokens)
             content = parsed.max_tokens - reasoning
+        salt = parsed.cache_salt if profile.dialect in SALTED_DIALECTS else None
         cached = self._prefix_cache.lookup_and_store(
-            parsed.prompt_text, parsed.prompt_tokens, self.engine.now()
+            parsed.prompt_text, parsed.prompt_tokens, self.engine.now(), salt
         )
         is_vllm = profile.dialect == "vllm"
         asked_continuous = parsed.include_usage and parsed.continuous_usage_stats

@@ -5,148 +5,40 @@ capacity in tokens; the TTL adjusted by the cached tokens the backend reports).
 Pure: no I/O and no state of the request path (only the dialect's character count, so the boundaries add
 up to the prompt's token estimate), so the simulator feeds the same index in virtual time.
 
-Keys. An engine's prefix cache chains a hash over every block of the prompt; hashing the whole prompt
-again here would cost ~1.5 us per message. Instead a key sits only at a message's end (where one turn's
-prompt ends and the next turn's continues), only at the first ``FIRST_BOUNDARIES`` and the last
-``LAST_BOUNDARIES`` message ends, and each key hashes what identifies that prefix cheaply: the first
-two messages' signatures (the system prompt and the task, each its length and a sample of its text
-from both ends: what tells conversations apart), the message count, the characters up to that end
-and that message's length. A conversation is append-only, so the next turn's prompt carries the
-previous turn's last boundaries unchanged; an edit that keeps every length (a same-length rewrite of
-an earlier message) goes unseen, which the reported cached tokens then show as the prediction's
-error. A lookup is a few dict gets (``_held``). Hashes are of ints and bytes
-only (CRC-32 of UTF-8 samples, tuples of ints), never of ``str``: Python salts ``str`` hashes per
-process, and the replicas of a gateway share these keys through the store.
+Keys (``gateway.measure.prefix_keys``): a key sits only at a message's end (where one turn's prompt
+ends and the next turn's continues), only at the first ``FIRST_BOUNDARIES`` and the last
+``LAST_BOUNDARIES`` message ends, each a keyed hash over the full text up to that end, in the
+request's cache scope. A lookup is a few dict gets (``_held``).
 """
 
 from __future__ import annotations
 
-import math
-import zlib
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from typing import Any, NamedTuple
 
-from gateway.values.dialect import text_chars
+from gateway.measure.prefix_keys import (
+    FIRST_BOUNDARIES,
+    LAST_BOUNDARIES,
+    NO_KEYS,
+    KeyCarry,
+    PromptKeys,
+    prompt_keys,
+)
 
-FIRST_BOUNDARIES = 2  # the system prompt's end and the first turn's (fixed: prompt_keys unrolls them)
-LAST_BOUNDARIES = 4  # the newest message ends: the previous turn's prompt ended at one of them
-SAMPLE_CHARS = 32  # of each end of a message's text, in its signature
+__all__ = [
+    "FIRST_BOUNDARIES",
+    "LAST_BOUNDARIES",
+    "NO_KEYS",
+    "KeyCarry",
+    "PrefixIndex",
+    "PromptKeys",
+    "prompt_keys",
+]
+
 MAX_ENTRIES = 200_000  # per backend, whatever its capacity in tokens: the index's memory bound
 MAX_CLIENT_KEYS = 50_000  # per backend
 LEARN_MIN_TOKENS = 1024  # a prediction or report smaller than this teaches nothing (paid APIs' minimum)
 LEARN_RATE = 0.25  # how far one surprising report moves the learned TTL towards what it showed
-
-
-class PromptKeys(NamedTuple):
-    """A prompt's keys. A NamedTuple rather than a frozen dataclass: built once per request, and a
-    frozen dataclass's ``__init__`` alone costs ~0.8 us, a sixth of the whole budget."""
-
-    ends: tuple[int, ...]  # estimated prompt tokens up to each key boundary, increasing
-    hashes: tuple[int, ...]  # chained hash of the prompt up to each boundary (same length as ends)
-    client_key: str | None = None  # prompt_cache_key / a session header, when the client sends one
-
-    @property
-    def prompt_tokens(self) -> int:
-        return self.ends[-1] if self.ends else 0
-
-
-NO_KEYS = PromptKeys((), ())
-
-
-def _sample(text: str) -> int:
-    """CRC-32 of the text's first and last ``SAMPLE_CHARS`` characters: with its length beside it, what
-    sets one message apart (templated tasks differ at the head, conversations' own words at the end)."""
-    if len(text) > 2 * SAMPLE_CHARS:
-        text = text[:SAMPLE_CHARS] + text[-SAMPLE_CHARS:]
-    try:
-        return zlib.crc32(text.encode())
-    except UnicodeEncodeError:  # a lone surrogate: still a sample, never an error
-        return zlib.crc32(text.encode("utf-8", "surrogatepass"))
-
-
-def _signature(message: Any) -> int:
-    """A message's identity from a sample of its text: its length and both ends of it (or of its last
-    part, or its first tool call's id), and its role."""
-    if type(message) is not dict:
-        return 0
-    content = message.get("content")
-    if type(content) is str:
-        return hash((len(content), _sample(content)))
-    if isinstance(content, list) and content:
-        last = content[-1]
-        text = last if isinstance(last, str) else last.get("text") if isinstance(last, dict) else None
-        sample = _sample(text) if isinstance(text, str) else 0
-        return hash((len(content), text_chars(content), sample))
-    calls = message.get("tool_calls")
-    if isinstance(calls, list) and calls and isinstance(calls[0], dict):
-        call_id = calls[0].get("id")
-        return hash((-1, _sample(call_id) if isinstance(call_id, str) else len(calls)))
-    return -2
-
-
-def _chars_of(message: Any) -> int:
-    if isinstance(message, dict):
-        content = message.get("content")
-        return len(content) if isinstance(content, str) else text_chars(content)
-    return 0
-
-
-def prompt_keys(
-    payload: Mapping[str, Any],
-    prompt_chars: int,
-    chars_per_token: float,
-    client_key: str | None = None,
-) -> PromptKeys:
-    """The keys of a chat (``messages``) or completions (``prompt``) payload whose text has
-    ``prompt_chars`` characters in all; touches at most ``FIRST_BOUNDARIES + LAST_BOUNDARIES`` messages,
-    and samples the text of the first two only: the later keys hash integers (message count, characters
-    so far, that message's length) chained to those two, which is what keeps them cheap."""
-    messages = payload.get("messages")
-    if not isinstance(messages, list):
-        prompt = payload.get("prompt")
-        if not isinstance(prompt, str) or not prompt:
-            return PromptKeys((), (), client_key)
-        tokens = math.ceil(len(prompt) / chars_per_token)
-        return PromptKeys((tokens,), (hash((1, len(prompt), _sample(prompt))),), client_key)
-    count = len(messages)
-    if count == 0:
-        return PromptKeys((), (), client_key)
-    # The first boundary (the system prompt alone) is keyed by itself: shared by every conversation.
-    first_message = messages[0]
-    content = first_message.get("content") if type(first_message) is dict else None
-    if type(content) is str:  # the common case, inline: a system prompt's text
-        chars = len(content)
-        first = hash((chars, _sample(content)))
-    else:
-        first, chars = _signature(first_message), text_chars(content)
-    if count == 1:
-        return PromptKeys((math.ceil(chars / chars_per_token),), (hash((1, chars, first)),), client_key)
-    # The second (the task) identifies the conversation: every later key is chained to it.
-    second_message = messages[1]
-    anchor = hash((first, _signature(second_message)))
-    second = chars + _chars_of(second_message)
-    ends = [math.ceil(chars / chars_per_token), math.ceil(second / chars_per_token)]
-    hashes = [hash((1, chars, first)), hash((2, second, anchor))]
-    # Characters up to each of the last boundaries, back from the total: the messages between the
-    # first two and the last few are never looked at.
-    tail_from = max(FIRST_BOUNDARIES, count - LAST_BOUNDARIES)
-    if tail_from < count:
-        upto = prompt_chars
-        tail_ends: list[int] = []
-        tail_hashes: list[int] = []
-        for i in range(count - 1, tail_from - 1, -1):
-            message = messages[i]
-            content = message.get("content") if type(message) is dict else None
-            size = len(content) if type(content) is str else text_chars(content)
-            tail_ends.append(math.ceil(upto / chars_per_token))
-            tail_hashes.append(hash((i, upto, size, anchor)))
-            upto -= size
-        tail_ends.reverse()
-        tail_hashes.reverse()
-        ends += tail_ends
-        hashes += tail_hashes
-    return PromptKeys(tuple(ends), tuple(hashes), client_key)
 
 
 def _held(shelf: _Shelf, keys: PromptKeys, now: float) -> int:

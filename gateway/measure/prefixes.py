@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping
 
-from gateway.measure.prefix_index import NO_KEYS, PrefixIndex, PromptKeys
+from gateway.measure.prefix_index import NO_KEYS, KeyCarry, PrefixIndex, PromptKeys
 from gateway.policy.compiled import CompiledPolicy, CompiledRoute
 from gateway.policy.evaluate import EMPTY_MAPPING, RequestFeatures
 from gateway.values.observation import Observation
@@ -19,6 +19,8 @@ class Prefixes:
         self._policy = policy
         self._clock = clock
         self.index = PrefixIndex(self._ttl_s, self._capacity_tokens)
+        # Each conversation's last keys, so its next turn hashes only its new messages.
+        self.carry = KeyCarry()
         # Called with each prompt an answer put in a backend's cache (the fleet shares them).
         self.recorded: Callable[[str, PromptKeys], None] | None = None
 

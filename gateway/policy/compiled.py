@@ -11,6 +11,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from fnmatch import fnmatchcase
 
+from gateway.policy.cache_scope import CacheScopes
 from gateway.policy.schema import (
     Accounting,
     Budgets,
@@ -148,6 +149,8 @@ class CompiledPolicy:
     # Route aliases: exact ids to route names, and globs (longest first) with their route names.
     exact_aliases: Mapping[str, str] = field(default_factory=dict)
     glob_aliases: tuple[tuple[str, str], ...] = ()
+    # Who shares the prefix caches: each request's scope by route and key (policy/cache_scope.py).
+    cache_scopes: CacheScopes = field(default_factory=CacheScopes)
 
     def route_for(self, model: str) -> CompiledRoute | None:
         """The route a client's model id names: a route's own name, an exact alias, or the longest

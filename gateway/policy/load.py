@@ -26,6 +26,7 @@ from gateway.policy.api_keys import (
     read_keys_file,
     with_keys_digest,
 )
+from gateway.policy.cache_scope import compile_cache_scopes
 from gateway.policy.compiled import CompiledBackend, CompiledPolicy, CompiledRoute, PoolPrice
 from gateway.policy.document import (
     Document,
@@ -140,6 +141,7 @@ def _compile(text: str, source: str, digest: str, environ: Env) -> CompiledPolic
         keys_file=keys_path,
         exact_aliases=types.MappingProxyType(exact_aliases),
         glob_aliases=glob_aliases,
+        cache_scopes=compile_cache_scopes(raw),
     )
 
 

@@ -33,6 +33,9 @@ SystemMessages = Literal["in_place", "leading"]
 RouteAlias = Annotated[str, Field(pattern=r"^[A-Za-z0-9*?][A-Za-z0-9._:/*?\[\]-]*$", max_length=128)]
 BackendName = Annotated[str, Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$", max_length=64)]
 RouteName = Annotated[str, Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9._:/-]*$", max_length=128)]
+# Whose prompts a request may find in the prefix cache (gateway.policy.cache_scope): everyone's, only its
+# own API key's, or its key's team's.
+PrefixShare = Literal["fleet", "key", "team"]
 
 
 class PerTokenPrice(Strict):
@@ -142,6 +145,17 @@ class PrefixCache(Strict):
     capacity_tokens: Annotated[int, Field(ge=1)] | None = None
 
 
+class PrefixSharing(Strict):
+    """Who shares the engines' prefix caches, and so who may learn (from the expected cached tokens the
+    gateway reports, or from the engine's TTFT) that a prompt was sent before: ``fleet`` (every key;
+    a common system prompt is prefilled once for all), ``key`` (each API key alone: the requests carry
+    the engine's ``cache_salt`` where it has one, and the gateway's prefix index is kept per key) or
+    ``team`` (the keys of one ``auth.keys[].team``). Default: ``key`` on a route that more than one key
+    may use, else ``fleet``. Set on a route, or on a key (which wins over its route's)."""
+
+    share: PrefixShare
+
+
 class Backend(Strict):
     dialect: Dialect
     url: Annotated[str, Field(pattern=r"^https?://")]
@@ -240,6 +254,8 @@ class Route(Strict):
     # Model ids clients send that mean this route (a client's own default, say); none may be claimed
     # by two routes. The route's name still comes first, then exact aliases, then the longest glob.
     aliases: list[RouteAlias] = []
+    # Who shares the prefix cache on this route (PrefixSharing); unset: per key when keys share it.
+    prefix_cache: PrefixSharing | None = None
 
 
 class Server(Strict):
@@ -316,6 +332,10 @@ class ApiKeyEntry(Strict):
     rate_limit: RateLimit | None = None
     # Spending caps of this key, on top of its routes' own; its spend is counted either way.
     budgets: Budgets | None = None
+    # Keys of one team may share their prefix cache (``prefix_cache: {share: team}``).
+    team: Annotated[str, Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9._@-]*$", max_length=64)] | None = None
+    # Who this key's requests share the prefix cache with, over its routes' own setting.
+    prefix_cache: PrefixSharing | None = None
 
 
 class Auth(Strict):

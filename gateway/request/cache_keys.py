@@ -1,15 +1,25 @@
-"""A request's keys for the prefix index (``gateway.measure.prefix_index``), computed once when it is
-parsed: the prompt's prefix hashes as the upstream will see it (the door's chat payload), and the
-client's own conversation key where it sends one. Codex sends ``prompt_cache_key`` (and a
-``session-id`` header); Claude Code sends its session id inside ``metadata.user_id`` (a JSON string,
+"""A request's cache scope and its keys for the prefix index (``gateway.measure.prefix_index``),
+computed once when it is parsed: the scope (policy/cache_scope.py: whose prompts it may find cached)
+puts its salt on the request for the engines that take one, and seeds the prompt's prefix hashes as
+the upstream will see the prompt (the door's chat payload); the client's own conversation key, where
+it sends one, is scoped alike. Codex sends ``prompt_cache_key`` (and a ``session-id`` header); Claude
+Code sends its session id inside ``metadata.user_id`` (a JSON string,
 tests/clients/fixtures/claude_code_first_turn.json, read by the Messages door); other agents send a
 session header.
 """
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
+from gateway.backends.chat_shape import SALTED_DIALECTS, with_cache_salt
 from gateway.doors import ClientRequest
-from gateway.measure.prefix_index import NO_KEYS, PromptKeys, prompt_keys
+from gateway.measure.prefix_index import NO_KEYS, KeyCarry, PromptKeys, prompt_keys
+from gateway.policy.cache_scope import FLEET
+
+if TYPE_CHECKING:
+    from gateway.policy.compiled import CompiledPolicy
+    from gateway.values.auth import ApiKey
 
 SESSION_HEADERS = frozenset((b"session-id", b"x-session-id", b"x-claude-code-session-id"))
 MAX_KEY_CHARS = 128  # a client key longer than this is cut: it names a conversation, nothing more
@@ -17,14 +27,34 @@ MAX_KEY_CHARS = 128  # a client key longer than this is cut: it names a conversa
 # nothing under 1,024 tokens; a pool prefills it in a few milliseconds), so short requests pay nothing
 # for the index.
 MIN_KEYED_TOKENS = 1024
+__all__ = ["SALTED_DIALECTS", "client_key", "keys_for", "scoped_client_key", "with_cache_salt"]
 
 
 def keys_for(
-    client: ClientRequest, raw_headers: list[tuple[bytes, bytes]], chars_per_token: float
+    client: ClientRequest,
+    raw_headers: list[tuple[bytes, bytes]],
+    policy: CompiledPolicy,
+    key: ApiKey | None,
+    carry: KeyCarry | None = None,
 ) -> PromptKeys:
+    """The prompt's keys in the request's cache scope; sets ``client.cache_salt`` to the scope's salt
+    (every request, however short: an engine caches a short prompt's blocks too)."""
+    scope = FLEET if key is None else policy.cache_scopes.scope(client.route.name, key.name)
+    client.cache_salt = scope.salt
     if client.prompt_tokens < MIN_KEYED_TOKENS:
         return NO_KEYS
-    return prompt_keys(client.payload, client.prompt_chars, chars_per_token, client_key(client, raw_headers))
+    conversation = client_key(client, raw_headers)
+    if conversation is not None and scope.seed:
+        conversation = scoped_client_key(scope.seed, conversation)
+    chars_per_token = policy.tuning.chars_per_token
+    return prompt_keys(client.payload, client.prompt_chars, chars_per_token, conversation, scope.seed, carry)
+
+
+def scoped_client_key(seed: int, key: str) -> str:
+    """A client's conversation key within a scope: another scope's client naming the same
+    conversation (a guessed or leaked session id) finds nothing of it. The seed, not the key's name,
+    is what the shared store then holds."""
+    return f"{seed:016x}:{key}"
 
 
 def client_key(client: ClientRequest, raw_headers: list[tuple[bytes, bytes]]) -> str | None:

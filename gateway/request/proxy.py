@@ -34,7 +34,7 @@ from gateway.errors import (
 from gateway.measure.meter import StreamMeter
 from gateway.money.costs import bounded_max_tokens
 from gateway.policy.compiled import CompiledBackend
-from gateway.request.cache_keys import keys_for
+from gateway.request.cache_keys import keys_for, with_cache_salt
 from gateway.request.exchange import Exchange
 from gateway.request.first_events import first_events
 from gateway.request.privacy import take_identity, user_hash, with_identity
@@ -120,7 +120,7 @@ async def answer(exchange: Exchange, request: Request, receive: Receive) -> Resp
         raise Overloaded(server.max_in_flight, server.shed_retry_after_s)
     exchange.watch_client(receive)
     client = exchange.client = parse(exchange, body)
-    client.keys = keys_for(client, request.scope["headers"], policy.tuning.chars_per_token)
+    client.keys = keys_for(client, request.scope["headers"], policy, exchange.key, runtime.prefixes.carry)
     candidates = (policy.backends[name] for name in client.route.backends)
     client.max_tokens = bounded_max_tokens(client.max_tokens, client.prompt_tokens, candidates)
     observation = exchange.observation = observation_of(exchange, client.route.name, stream=client.stream)
@@ -311,6 +311,7 @@ def upstream_body(client: ClientRequest, backend: CompiledBackend) -> bytes:
     payload: dict[str, Any] = dict(shaped_payload)
     payload["model"] = backend.model
     with_identity(payload, client.identity, backend)
+    with_cache_salt(payload, client.cache_salt, backend)
     if client.stream:
         payload["stream_options"] = {**(client.payload.get("stream_options") or {}), "include_usage": True}
     return orjson.dumps(payload)

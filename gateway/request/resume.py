@@ -93,7 +93,9 @@ async def resume_stream(exchange: Exchange, meter: StreamMeter, failure: Attempt
         attempt = exchange.begin_attempt(name)
         attempt.resumed = "continued" if answer else "restarted"
         reasoning = "".join(transcript.reasoning)
-        body = continuation_body(client.payload, backend, answer, reasoning, client.max_tokens, generated)
+        body = continuation_body(
+            client.payload, backend, answer, reasoning, client.max_tokens, generated, client.cache_salt
+        )
         call = UpstreamCall(
             backend, "/chat/completions", body, True, min(backend.timeouts.first_byte_s, remaining)
         )

@@ -58,6 +58,10 @@ class AgentsFile(BaseModel):
     think_s: Lengths = Lengths(median=20, sigma=0.6, min=2, max=240)
     assumed_tokens_per_s: Positive = 50.0  # to place the next turn after this one's answer
     backends: dict[str, BackendModel] = Field(default_factory=dict)
+    # API keys the sessions are spread over (session i uses key i % keys), each its own cache scope
+    # (``prefix_cache: {share: key}``, the default once a route serves two keys): no key's prompts,
+    # the shared system prompt included, are found in another's cache. 0: one scope for all.
+    keys: int = Field(0, ge=0)
 
 
 def read_agents_file(path: str | Path) -> AgentsFile:
@@ -87,7 +91,11 @@ def agent_workload(spec: AgentsFile, backends: Mapping[str, Any] | None = None) 
         hashes: list[int] = []
         if spec.shared_prefix_tokens:
             ends.append(spec.shared_prefix_tokens)
-            hashes.append(SHARED_PREFIX_HASH)
+            # Under per-key isolation the same system prompt is another prefix for each key, as an
+            # engine given another cache_salt hashes its first block apart.
+            hashes.append(
+                hash((SHARED_PREFIX_HASH, session % spec.keys)) if spec.keys else SHARED_PREFIX_HASH
+            )
         tokens = spec.shared_prefix_tokens
         for turn in range(turns):
             grow = (spec.task_tokens if turn == 0 else spec.turn_tokens).draw(rng)

@@ -1,8 +1,8 @@
 """One function per contract check ``kind``: start the target the way the check needs, ask, assert.
 
-Kinds: boot, health_ready, health_dead, health_switch, metric, cached_tokens, reasoning_field,
-context_error, models, stream_error, continue_final_message, continued_as. No check asserts an upper
-bound on time; ``min_s`` is a lower bound (a server that by design cannot answer sooner).
+Kinds: boot, health_ready, health_dead, health_switch, metric, cached_tokens, cache_salt,
+reasoning_field, context_error, models, stream_error, continue_final_message, continued_as. No check
+asserts an upper bound on time; ``min_s`` is a lower bound (a server that by design cannot answer sooner).
 """
 
 from __future__ import annotations
@@ -121,6 +121,23 @@ def check_cached_tokens(start: Start, check: dict[str, Any]) -> None:
     assert isinstance(_cached(first), int), first
     cached = _cached(second)
     assert isinstance(cached, int) and 0 < cached <= second["prompt_tokens"], second
+
+
+def check_cache_salt(start: Start, check: dict[str, Any]) -> None:
+    """A prompt repeated under its own salt is served from the cache; under another salt (and with
+    none) it is too where the engine has no salt (``isolates: false``), and is not where it has one."""
+    with start() as running:
+        chat(running, REPEATED, cache_salt="tenant-a-salt")
+        same = _cached(chat(running, REPEATED, cache_salt="tenant-a-salt").json()["usage"])
+        other = _cached(chat(running, REPEATED, cache_salt="tenant-b-salt").json()["usage"])
+        refused = chat(running, REPEATED, cache_salt=check["refuses"]) if "refuses" in check else None
+    assert isinstance(same, int) and same > 0, same
+    if refused is not None:
+        assert refused.status_code == 400, refused.text
+    if check["isolates"]:
+        assert other == 0, other
+    else:
+        assert isinstance(other, int) and other > 0, other
 
 
 def check_reasoning_field(start: Start, check: dict[str, Any]) -> None:
@@ -263,6 +280,7 @@ CHECKS: dict[str, Check] = {
     "health_switch": check_health_switch,
     "metric": check_metric,
     "cached_tokens": check_cached_tokens,
+    "cache_salt": check_cache_salt,
     "reasoning_field": check_reasoning_field,
     "context_error": check_context_error,
     "models": check_models,

@@ -44,3 +44,14 @@ def test_the_pool_profiles_prefill_long_prompts_at_their_published_speed() -> No
     b300 = PROFILES["b300-vllm"]
     assert 10_000 <= 1 / b300.prefill_s_per_token <= 15_000
     assert b300.prefill_cap_s > 200_000 * b300.prefill_s_per_token  # 200k tokens are not free
+
+
+def test_a_salted_prompt_is_found_only_under_its_own_salt() -> None:
+    """As vLLM's cache_salt: the salt enters the first block's hash, so no block of it matches another
+    salt's (or an unsalted) prompt, and the same salt finds all of it."""
+    cache = PrefixCache(16, 1 << 16)
+    text = prompt("m", 2048)
+    assert cache.lookup_and_store(text, 2048, salt="bob") == 0
+    assert cache.lookup_and_store(text, 2048, salt="alice") == 0
+    assert cache.lookup_and_store(text, 2048) == 0
+    assert cache.lookup_and_store(text, 2048, salt="bob") == 2048 - 16

@@ -15,6 +15,7 @@ import httpx
 import pytest
 
 from gateway.emulator import create_emulator_app
+from gateway.values.auth import digest_of
 from tests.conftest import TIME_SCALE
 from tests.servers import ThreadedServer, threaded_server
 
@@ -31,6 +32,12 @@ from .conftest import (
 )
 
 SESSION = "01a23c16-d788-7630-8d7d-566d1d111387"  # Codex sends its session as prompt_cache_key
+# Two tenants beside the admin key: the route serves more than one key, so each key is its own cache
+# scope (the tests above send everything with the admin key: one scope).
+TENANTS = {
+    "alice": "gwk-alice-0123456789abcdefghijklmnopqrstuvwxyz",
+    "bob": "gwk-bob-0123456789abcdefghijklmnopqrstuvw",
+}
 
 
 def pool_backend(name: str, url: str) -> str:
@@ -71,7 +78,7 @@ routes:
   a-only:
     backends: [b300-a]
 """
-            + auth_yaml()
+            + auth_yaml(*(f"{{name: {name}, sha256: {digest_of(key)}}}" for name, key in TENANTS.items()))
             + "ledger: {flush_interval_s: 0.05}\n"
             + f"store: {{key_prefix: '{key_prefix()}', timeout_ms: 2000, sync_interval_s: 0.2}}\n"
         )
@@ -213,3 +220,26 @@ def test_explain_shows_each_candidates_expected_cached_tokens(world: World) -> N
 
     held = eventually(explained)
     assert {name for name, tokens in held.items() if tokens} == {holder}
+
+
+def test_the_fleets_shared_index_keeps_each_keys_prompts_its_own(world: World) -> None:
+    """Bob's prompt, recorded on one replica and carried to the other through Redis, is predicted
+    there for bob and not for alice, who sends the same prompt and bob's conversation key."""
+    one, two = world.replicas
+    messages = [
+        {"role": "system", "content": "Confidential memo. " + words(21, 1500)},
+        {"role": "user", "content": "Summarise it. " + words(22, 1000)},
+    ]
+
+    def post(replica: Replica, tenant: str) -> httpx.Response:
+        body = {"model": "agents", "messages": messages, "max_tokens": 4, "prompt_cache_key": "memo-1"}
+        headers = {"authorization": f"Bearer {TENANTS[tenant]}"}
+        response = httpx.post(replica.url + "/v1/chat/completions", json=body, headers=headers, timeout=60)
+        assert response.status_code == 200, response.text
+        return response
+
+    before = merged(two)
+    post(one, "bob")
+    eventually(lambda: merged(two) > before)
+    assert post(two, "alice").headers["x-gateway-expected-cached-tokens"] == "0"
+    assert int(post(two, "bob").headers["x-gateway-expected-cached-tokens"]) > 1024

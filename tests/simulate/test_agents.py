@@ -95,3 +95,15 @@ def test_the_gateway_beats_sticky_and_cache_aware_and_lands_within_5_percent_of_
     assert cost[GATEWAY] <= cost["cache-aware-like"]
     assert cost[GATEWAY] <= 1.05 * cost["session-oracle"]
     assert rows[GATEWAY]["cache_hit_rate"] > 0.8  # it keeps conversations where their cache is
+
+
+def test_sessions_of_other_keys_share_no_prefix_under_per_key_isolation() -> None:
+    """``keys``: session i uses key i % keys; the system prompt every session sends is one prefix per
+    key (as an engine hashes a salted first block apart), and nothing else is shared either way."""
+    shared = {r.session: r.shape[1][0] for r in workload(sessions=8).requests if r.shape is not None}
+    assert len(set(shared.values())) == 1
+    isolated = {
+        r.session: r.shape[1][0] for r in workload(sessions=8, keys=4).requests if r.shape is not None
+    }
+    assert len(set(isolated.values())) == 4
+    assert all(isolated[s] == isolated[s % 4] for s in isolated)

@@ -4,17 +4,23 @@ session id inside ``metadata.user_id``; and short prompts left unkeyed."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 from typing import Any
 
+import orjson
+
+from gateway.backends.continuation import continuation_body
 from gateway.doors import ClientRequest
 from gateway.doors.anthropic import MESSAGES
 from gateway.doors.anthropic_identity import user_and_session
 from gateway.request.cache_keys import client_key, keys_for
 from gateway.request.privacy import take_identity
 from tests.unit import factories
-from tests.unit.factories import route
+from tests.unit.factories import api_backend, policy, pool_backend, route
+
+OPEN = policy([api_backend("api")], [route(("api",))])  # no keys: the fleet's scope
 
 FIXTURES = Path(__file__).resolve().parents[1] / "clients" / "fixtures"
 
@@ -72,5 +78,15 @@ def test_a_session_header_names_it_for_other_clients() -> None:
 
 def test_a_short_prompt_is_not_keyed() -> None:
     messages = [{"role": "user", "content": "hello " * 100}]
-    assert not keys_for(client({"messages": messages}, prompt_tokens=150), [], 4.0).hashes
-    assert keys_for(client({"messages": messages * 40}, prompt_tokens=6000), [], 4.0).hashes
+    assert not keys_for(client({"messages": messages}, prompt_tokens=150), [], OPEN, None).hashes
+    assert keys_for(client({"messages": messages * 40}, prompt_tokens=6000), [], OPEN, None).hashes
+
+
+def test_a_resumed_stream_keeps_its_salt_and_only_salting_engines_get_one() -> None:
+    """The continuation of a cut stream goes to a backend in the same cache scope: with the salt for
+    vLLM and SGLang, without it for llama-server and a paid API (which would refuse it)."""
+    payload = {"model": "kimi-k3", "messages": [{"role": "user", "content": "go"}], "cache_salt": "client's"}
+    for dialect, salted in (("vllm", True), ("sglang", True), ("llamacpp", False), ("openai", False)):
+        backend = dataclasses.replace(pool_backend("b"), dialect=dialect)
+        body = orjson.loads(continuation_body(payload, backend, "half an ans", "", 100, 3, "scope-salt"))
+        assert body.get("cache_salt") == ("scope-salt" if salted else "client's"), dialect
