@@ -9,6 +9,7 @@ the whole backlog while the database is away.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
 import logging
 import os
@@ -114,7 +115,22 @@ class Ledger:
             return
         self._stopping = True
         self._wake.set()
-        await asyncio.to_thread(thread.join)
+        # Joined in a daemon thread of its own, not the loop's executor: a stop that gives up on a writer
+        # stuck in its database (gateway.stopping) must leave no thread the interpreter's exit waits on.
+        loop = asyncio.get_running_loop()
+        ended: asyncio.Future[None] = loop.create_future()
+
+        def wake() -> None:
+            if not ended.done():
+                ended.set_result(None)
+
+        def join() -> None:
+            thread.join()
+            with contextlib.suppress(RuntimeError):  # the loop is gone: nobody waits any more
+                loop.call_soon_threadsafe(wake)
+
+        threading.Thread(target=join, name="ledger-close", daemon=True).start()
+        await ended
         self._thread = None
 
     async def flush(self, timeout_s: float = 10.0) -> bool:
