@@ -3,10 +3,11 @@ whole process once SIGTERM arrived.
 
 A replica that hangs on SIGTERM is SIGKILLed by the kubelet at ``terminationGracePeriodSeconds``,
 and whatever it still held (ledger rows, budget settlements) is lost with it, so nothing here waits
-without a bound. The stop's time is budgeted: the drain's ``--grace-s``, then ``SETTLE_S`` for the
-streams it ended, then at most ``CONNECTIONS_WAIT_S`` for connections that still do not close (a
-client that does not read), then ``CLOSE_BUDGET_S`` for the stages below, which share it; a stage
-past its bound is named with where it waits (its task's stack) and left behind, and the next one runs.
+without a bound. The stop's time is budgeted: the drain's ``--grace-s`` (at least ``NOTICE_S`` of
+it spent listening, so a load balancer sees /ready fail first), then ``SETTLE_S`` for the streams it
+ended, then at most ``CONNECTIONS_WAIT_S`` for connections that still do not close (a client that
+does not read), then ``CLOSE_BUDGET_S`` for the stages below, which share it; a stage past its
+bound is named with where it waits (its task's stack) and left behind, and the next one runs.
 ``StopDeadline`` is the backstop: ``STOP_MARGIN_S`` after the grace period it exits the process
 itself, whatever still waits (a thread stuck in a database driver cannot be cancelled at all).
 
