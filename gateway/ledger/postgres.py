@@ -72,6 +72,7 @@ class PostgresLedger:
         self._timeout_s = timeout_s
         self._max_connections = max_connections
         self._pool: ConnectionPool[psycopg.Connection[Any]] | None = None
+        self._away = False  # the last write failed
 
     @property
     def location(self) -> str:
@@ -104,13 +105,19 @@ class PostgresLedger:
         if pool is None:
             raise LedgerUnavailable("the ledger is not open")
         try:
+            if self._away:
+                # Knocked first: a refused connection answers at once, where the pool would wait
+                # CONNECTION_WAIT_S for one, holding the rows that arrive meanwhile in memory only.
+                psycopg.connect(self.url, connect_timeout=max(1, int(self._timeout_s))).close()
             with pool.connection() as conn, conn.cursor() as cursor:
                 requests, probes = split_probes(rows)
                 cursor.executemany(INSERT, requests)
                 if probes:
                     cursor.executemany(INSERT_PROBE, probes)
         except (psycopg.Error, PoolTimeout) as exc:
+            self._away = True
             raise LedgerUnavailable(f"ledger write to {self.location} failed: {exc}") from exc
+        self._away = False
 
     @contextlib.contextmanager
     def reading(self) -> Iterator[LedgerReader]:
