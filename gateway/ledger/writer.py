@@ -36,6 +36,7 @@ from gateway.ledger.spool import Spool, spool_file
 from gateway.ledger.sqlite import SqliteLedger
 
 log = logging.getLogger("gateway.ledger")
+refusal_log = logging.getLogger("gateway")  # where request/refusals.py says each refusal
 
 # Billable rows held in memory while neither the database nor the spool takes them (~100 MB): past
 # this the oldest is dropped (and counted), so a ledger that cannot write costs memory up to a limit.
@@ -210,6 +211,7 @@ class Ledger:
     def _cycle(self) -> bool:
         """One turn of the writer; True when there is more to do at once (spool rows to write)."""
         self._say_dropped()
+        self.refused.lines.summarize(refusal_log)
         if not self.up:
             self._spool_held()  # first, so a write that hangs holds only the rows that come meanwhile
             if time.monotonic() < self._retry_at:
@@ -337,6 +339,7 @@ class Ledger:
     def _drain_at_close(self) -> None:
         """Write what memory holds; while the database is away spool it at once, and only when the
         spool fails too, keep retrying the database up to ``close_timeout_s``."""
+        self.refused.lines.summarize(refusal_log, everything=True)
         if self.up and self._write_held():
             return
         self._spool_held()

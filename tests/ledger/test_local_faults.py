@@ -178,9 +178,15 @@ def test_refusal_lines_are_a_few_a_minute_and_the_rest_are_counted(
     allowed = [lines.allow("invalid_api_key", "-", log) for _ in range(5)]
     assert allowed == [True, True, False, False, False]
     assert lines.allow("model_not_found", "-", log), "each reason has its own allowance"
+    lines.summarize(log)
+    assert "more in that minute" not in caplog.text, "said once the minute is over"
     now[0] = 60.0
-    assert lines.allow("invalid_api_key", "-", log)
-    assert "invalid_api_key (key -): 3 more since the last line" in caplog.text
+    lines.summarize(log)
+    assert "invalid_api_key (key -): 3 more in that minute, not logged one by one" in caplog.text
+    assert lines.allow("invalid_api_key", "-", log), "a new minute, a new allowance"
+    assert lines.allow("invalid_api_key", "-", log) and not lines.allow("invalid_api_key", "-", log)
+    lines.summarize(log, everything=True)  # at a stop
+    assert "invalid_api_key (key -): 1 more in that minute" in caplog.text
 
 
 def test_a_row_spooled_before_a_migration_is_written_with_the_new_columns_defaults(tmp_path: Path) -> None:
