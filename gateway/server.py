@@ -29,6 +29,7 @@ from gateway.policy.load import PolicyError
 from gateway.policy.reload import PolicyHolder
 from gateway.request.connection import ConnectionLimits, guarded_protocol
 from gateway.runtime import Runtime
+from gateway.runtime.stopping import CONNECTIONS_WAIT_S, StopDeadline
 from gateway.store import STORES
 from gateway.values.auth import is_loopback
 from gateway.values.observation import Observation
@@ -126,6 +127,7 @@ def serve(
         access_log=False,  # one line per request costs more than the proxying; the ledger records requests
         log_level=log_level,
         lifespan="on",
+        timeout_graceful_shutdown=CONNECTIONS_WAIT_S,  # after the drain: a client that never reads
     )
     try:
         sockets = [bind_listener(host, port)]
@@ -202,6 +204,7 @@ class AnnouncingServer(uvicorn.Server):
             super().handle_exit(sig, frame)  # a second signal, or nothing to drain yet
             return
         runtime.drain.draining = True  # /ready fails from this instant, before the loop even runs
+        StopDeadline(self._grace_s).arm()  # whatever hangs from here, the process ends in time
         self._loop.call_soon_threadsafe(self._begin_drain, runtime)
 
     def _begin_drain(self, runtime: Runtime) -> None:
@@ -271,6 +274,7 @@ def _serve_workers(
             access_log=False,
             log_level=log_level,
             lifespan="on",
+            timeout_graceful_shutdown=CONNECTIONS_WAIT_S,
         )
         # The socket listens already: connections wait in its backlog until a worker accepts them.
         log.info("gateway serving on http://%s:%d/v1 with %d workers", host, port, workers)
@@ -348,6 +352,7 @@ class WorkerDrain:
             return
         self._signalled = True
         runtime.drain.draining = True  # /ready fails from this instant
+        StopDeadline(self._grace_s).arm()
         self._loop.call_soon_threadsafe(self._begin, runtime, sig)
 
     def _begin(self, runtime: Runtime, sig: int) -> None:

@@ -35,6 +35,7 @@ from gateway.emulator import PROFILES, create_emulator_app
 from gateway.policy.load import load_policy
 from gateway.policy.reload import PolicyHolder
 from gateway.runtime import Runtime
+from gateway.runtime.stopping import STOP_MARGIN_S
 from tests.conftest import Gateway
 from tests.servers import free_port, threaded_server
 
@@ -671,5 +672,6 @@ def test_the_grace_period_ends_streams_before_the_kubelet_kills_the_pod(k8s: lis
     pre_stop = main_container(deployment)["lifecycle"]["preStop"]["exec"]["command"]
     assert pre_stop[0] == "sleep"
     budget = pod_spec(deployment)["terminationGracePeriodSeconds"] - float(pre_stop[1])
-    # The drain's grace, then SETTLE_S for the error events, then the ledger's close, all before SIGKILL.
-    assert 0 < serve_args(deployment).grace_s + 5 + 10 <= budget
+    # The drain's grace, then the stop's bounded rest (gateway.runtime.stopping: the error events, connections
+    # that do not close, the runtime's close), all before SIGKILL.
+    assert 0 < serve_args(deployment).grace_s + STOP_MARGIN_S <= budget

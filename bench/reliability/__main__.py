@@ -1,4 +1,5 @@
-"""``python -m bench.reliability [--short] [--only NAME ...] [--json PATH] [--out DIR] [--requests N]``:
+"""``python -m bench.reliability [--short] [--only NAME ...] [--json PATH] [--out DIR] [--requests N]
+[--duration-s S]``:
 runs the registered scenarios with progress lines, prints one table, writes it as JSON and markdown to
 the out dir, and exits 1 when a row failed (2 when a scenario crashed)."""
 
@@ -13,7 +14,7 @@ import traceback
 from collections.abc import Callable
 from pathlib import Path
 
-from bench.reliability import fuzz, matrix, overload, restart, soak
+from bench.reliability import chaos, fuzz, matrix, overload, restart, soak
 from bench.reliability.row import Row, Scenario, Settings
 
 # name -> scenario; the order is the table's.
@@ -23,6 +24,7 @@ SCENARIOS: dict[str, Scenario] = {
     "restart": restart.run,
     "overload": overload.run,
     "fuzz": fuzz.run,
+    "chaos": chaos.run,
 }
 COLUMNS = (
     "scenario", "requests", "client-visible failures", "expected failures", "leaks",
@@ -100,12 +102,18 @@ def main(argv: list[str] | None = None, say: Callable[[str], None] = print) -> i
     parser.add_argument(
         "--requests", type=int, help="the soak's request count (3,000 short, 30,000 long; documented: 100000)"
     )
+    parser.add_argument("--duration-s", type=float, help="the chaos row's length (120 s short, 1800 s long)")
     parser.add_argument("--seed", type=int, default=1)
     args = parser.parse_args(argv)
     os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")  # the gateway processes read no network
     args.out.mkdir(parents=True, exist_ok=True)
     settings = Settings(
-        short=args.short, out_dir=args.out.resolve(), say=say, seed=args.seed, requests=args.requests
+        short=args.short,
+        out_dir=args.out.resolve(),
+        say=say,
+        seed=args.seed,
+        requests=args.requests,
+        duration_s=args.duration_s,
     )
     rows, crashed = run_all(args.only or list(SCENARIOS), settings)
     say("")

@@ -15,6 +15,7 @@ class Settings:
     say: Callable[[str], None] = print  # progress, one line at a time
     seed: int = 1
     requests: int | None = None  # overrides a scenario's own request count (the soak's ``--requests``)
+    duration_s: float | None = None  # overrides a timed scenario's length (the chaos row's ``--duration-s``)
 
 
 @dataclass

@@ -92,6 +92,8 @@ def dashboard_data(runtime: Runtime, view: LedgerSnapshot) -> dict[str, Any]:
         if shared
         else [],
         "recent": _fleet_recent(view) if shared else _local_recent(runtime, wall),
+        "degraded": degraded(runtime),
+        "store": runtime.store.report(),
         "ledger": {
             "location": ledger.location,
             "shared": shared,
@@ -102,6 +104,22 @@ def dashboard_data(runtime: Runtime, view: LedgerSnapshot) -> dict[str, Any]:
             "error": view.error,
         },
     }
+
+
+def degraded(runtime: Runtime) -> list[str]:
+    """What this replica serves without, in words (empty when nothing): the dashboard's banner."""
+    reasons = []
+    health = runtime.store.health
+    if not health.up:
+        serving = (
+            "budgets and rate limits on this replica's own counts, within its share of each budget"
+            if health.serving
+            else "refusing requests (on_failure: fail_closed)"
+        )
+        reasons.append(f"shared store unreachable ({health.fault or 'no answer'}): {serving}")
+    if not runtime.ledger.up:
+        reasons.append(f"ledger unreachable: {runtime.ledger.pending} rows wait in memory")
+    return reasons
 
 
 def _routes(

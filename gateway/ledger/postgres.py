@@ -24,6 +24,11 @@ INSERT = (
 # Synthetic probes have a table of their own: spend reports over ``requests`` never see them.
 INSERT_PROBE = INSERT.replace("INSERT INTO requests", "INSERT INTO probes", 1)
 MIGRATION_LOCK = 0x6C6564676572  # "ledger": one migrator at a time across the fleet
+# How long a write waits for a pooled connection. The pool connects in the background, so a slow
+# connect is not cut short by this: the write fails, its rows go to the spool, and the next write
+# finds the connection made. Short, because while the server refuses connections every write waits
+# this long, and the rows that arrive meanwhile are in memory only (what a SIGKILL would lose).
+CONNECTION_WAIT_S = 1.0
 
 
 def redact(url: str) -> str:
@@ -57,7 +62,8 @@ def migrate(conn: psycopg.Connection[Any]) -> list[int]:
 
 class PostgresLedger:
     """A pool of at most ``max_connections`` (the writer thread takes one at a time; reports one
-    more). ``timeout_s`` bounds how long a write waits for a connection while the database is away."""
+    more). ``timeout_s`` bounds a connection attempt (and opening); a write waits for a connection at
+    most ``CONNECTION_WAIT_S`` of it."""
 
     shared = True
 
@@ -66,6 +72,7 @@ class PostgresLedger:
         self._timeout_s = timeout_s
         self._max_connections = max_connections
         self._pool: ConnectionPool[psycopg.Connection[Any]] | None = None
+        self._away = False  # the last write failed
 
     @property
     def location(self) -> str:
@@ -79,7 +86,7 @@ class PostgresLedger:
             max_size=self._max_connections,
             kwargs=kwargs,
             open=False,
-            timeout=self._timeout_s,
+            timeout=min(self._timeout_s, CONNECTION_WAIT_S),
             check=ConnectionPool.check_connection,  # a connection the outage broke is replaced, not used
             name="gateway-ledger",
         )
@@ -98,13 +105,19 @@ class PostgresLedger:
         if pool is None:
             raise LedgerUnavailable("the ledger is not open")
         try:
+            if self._away:
+                # Knocked first: a refused connection answers at once, where the pool would wait
+                # CONNECTION_WAIT_S for one, holding the rows that arrive meanwhile in memory only.
+                psycopg.connect(self.url, connect_timeout=max(1, int(self._timeout_s))).close()
             with pool.connection() as conn, conn.cursor() as cursor:
                 requests, probes = split_probes(rows)
                 cursor.executemany(INSERT, requests)
                 if probes:
                     cursor.executemany(INSERT_PROBE, probes)
         except (psycopg.Error, PoolTimeout) as exc:
+            self._away = True
             raise LedgerUnavailable(f"ledger write to {self.location} failed: {exc}") from exc
+        self._away = False
 
     @contextlib.contextmanager
     def reading(self) -> Iterator[LedgerReader]:

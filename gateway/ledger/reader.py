@@ -66,10 +66,11 @@ class LedgerReader:
         params: Sequence[float] = (since,) if until is None else (since, until)
         bases = self.dialect.distinct_list.format("cost_basis")
         query = (
-            f"SELECT {column}, count(*), sum(CASE WHEN status <> 'ok' THEN 1 ELSE 0 END),"
+            f"SELECT {column}, sum(request_count),"
+            " sum(CASE WHEN status <> 'ok' THEN request_count ELSE 0 END),"
             " sum(prompt_tokens), sum(cached_prompt_tokens), sum(completion_tokens), sum(reasoning_tokens),"
             f" sum(cost_usd), coalesce({bases}, ''), sum(CASE WHEN attempts > 1 THEN 1 ELSE 0 END),"
-            " sum(CASE WHEN status = 'refused' THEN 1 ELSE 0 END)"
+            " sum(CASE WHEN status = 'refused' THEN request_count ELSE 0 END)"
             f" FROM requests WHERE time >= ?{until_clause} GROUP BY {column}"
             f" ORDER BY sum(cost_usd) DESC, {column}"
         )
@@ -81,7 +82,7 @@ class LedgerReader:
         until_clause = "" if until is None else " AND time < ?"
         params: Sequence[float] = (since,) if until is None else (since, until)
         query = (
-            "SELECT coalesce(error_type, ''), count(*) FROM requests"
+            "SELECT coalesce(error_type, ''), sum(request_count) FROM requests"
             f" WHERE status = 'refused' AND time >= ?{until_clause} GROUP BY 1 ORDER BY 2 DESC, 1"
         )
         return [(str(reason), int(count)) for reason, count in self._query(query, params)]
@@ -89,7 +90,10 @@ class LedgerReader:
     def buckets(self, since: float, bucket_s: float) -> list[tuple[float, str, float, int]]:
         """(bucket start, route, USD, requests) for rows since ``since``, to seed the live spend view."""
         start = self.dialect.bucket.format(p="?")
-        query = f"SELECT {start}, route, sum(cost_usd), count(*) FROM requests WHERE time >= ? GROUP BY 1, 2"
+        query = (
+            f"SELECT {start}, route, sum(cost_usd), sum(request_count) FROM requests"
+            " WHERE time >= ? GROUP BY 1, 2"
+        )
         return [
             (float(b), r, float(u), int(n)) for b, r, u, n in self._query(query, (bucket_s, bucket_s, since))
         ]

@@ -53,6 +53,9 @@ class LedgerRow(NamedTuple):
     # Schema 5: the cached prompt tokens the prefix index predicted on the backend that answered
     # (reported ones are ``cached_prompt_tokens``); None where nothing was predicted.
     predicted_cached_tokens: int | None = None
+    # Schema 6: how many requests the row stands for: 1, or a minute's refusals of one reason, key,
+    # route and door folded into one row past their own bound (``ledger/refused.py``).
+    request_count: int = 1
 
 
 # Written with every row: its fields, then the row key the writer gives it (unique per row, so a

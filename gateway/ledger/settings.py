@@ -64,7 +64,8 @@ def open_ledger(settings: LedgerSettings, target: str | Path) -> Ledger:
         flush_interval_s=settings.flush_interval_s,
         batch_size=settings.batch_size,
         close_timeout_s=settings.close_timeout_s,
-        spill_path=Path(settings.spill_path),
+        spool_dir=Path(settings.spool_dir),
+        max_pending_rows=settings.max_pending_rows,
     )
 
 

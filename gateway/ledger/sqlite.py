@@ -21,6 +21,7 @@ INSERT = (
 )
 # Synthetic probes have a table of their own: spend reports over ``requests`` never see them.
 INSERT_PROBE = INSERT.replace("INSERT INTO requests", "INSERT INTO probes", 1)
+WRITE_BUSY_TIMEOUT_S = 2.0
 
 
 def connect(path: Path, *, readonly: bool = False) -> sqlite3.Connection:
@@ -72,6 +73,9 @@ class SqliteLedger:
         try:
             conn = connect(self.path)
             applied = migrate(conn)
+            # A write waits this long for another writer of the file, then fails: its rows go to the
+            # spool (a locked ledger holds the rows that arrive meanwhile in memory only).
+            conn.execute(f"PRAGMA busy_timeout = {int(WRITE_BUSY_TIMEOUT_S * 1000)}")
         except (sqlite3.Error, OSError) as exc:
             raise LedgerUnavailable(f"cannot open the ledger at {self.path}: {exc}") from exc
         self._conn = conn

@@ -1,14 +1,25 @@
 """The ledger writer: rows appended in O(1) on the request path, written in batches by one background
-thread to whichever database holds the ledger. While the database is away the rows wait in a bounded
-buffer and the batch is retried with backoff; ``close()`` writes what is left (a SIGTERM loses
-nothing), and rows a shared database still refuses at the close go to a local spill file that the
-next start replays. A SIGKILL loses the rows not yet written: at most one flush interval's worth, or
-the whole backlog while the database is away.
+thread to whichever database holds the ledger.
+
+While the database is away (stopped, restarting, a SQLite file locked or its disk full) requests are
+answered as ever: the writer keeps each cycle's rows in memory only until its next cycle (a flush
+interval, or sooner when a batch is full), then moves them to the local spool (``spool.py``, fsynced
+per move) and retries the database with backoff; once a write goes through it writes the spool's rows
+too, oldest first. Every row has a key given once (``row_key``, unique in the database), so a batch
+retried after an unclear failure, or written from the spool twice, is counted once.
+
+What a SIGKILL can lose: the rows in memory, those of the current cycle (at most a flush interval's,
+plus the time one failing database write takes). A SIGTERM loses nothing: ``close()`` writes what it
+holds, or spools it while the database is away. When the spool cannot be written either, rows wait
+in memory up to a bound: billable rows ``MAX_PENDING_ROWS``, refused requests their own (``refused.py``);
+past its bound a kind drops its oldest row, says so in the log once per outage, and counts it by kind.
+A refusal never takes a billable row's place.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
 import logging
 import os
@@ -20,16 +31,23 @@ from typing import Any
 
 from gateway.ledger.database import LedgerDatabase, LedgerUnavailable
 from gateway.ledger.opening import open_database
+from gateway.ledger.refused import RefusedRows
 from gateway.ledger.rows import COLUMNS, LedgerRow
+from gateway.ledger.spool import Spool, spool_file
 from gateway.ledger.sqlite import SqliteLedger
 
 log = logging.getLogger("gateway.ledger")
+refusal_log = logging.getLogger("gateway")  # where request/refusals.py says each refusal
 
-# Bounded so a ledger that cannot write costs memory up to a limit (~100 MB), then drops the oldest.
+# Billable rows held in memory while neither the database nor the spool takes them (~100 MB): past
+# this the oldest is dropped (and counted), so a ledger that cannot write costs memory up to a limit.
 MAX_PENDING_ROWS = 200_000
 RETRY_MAX_S = 5.0
-STREAM_INDEX = COLUMNS.index("stream")
-PROBE_INDEX = COLUMNS.index("probe")
+REPLAY_BATCHES_PER_CYCLE = 20  # spool rows written per cycle, so fresh rows are not held back long
+DROP_LOG_S = 10.0
+COUNT_INDEX = COLUMNS.index("request_count")
+
+Keyed = tuple[Any, ...]  # a row with its row key appended: what the databases and the spool take
 
 
 class Ledger:
@@ -46,18 +64,23 @@ class Ledger:
         flush_interval_s: float = 1.0,
         batch_size: int = 500,
         close_timeout_s: float = 20.0,
-        spill_path: Path | None = None,
+        spool_dir: Path | None = None,
+        max_pending_rows: int = MAX_PENDING_ROWS,
+        refused: RefusedRows | None = None,
     ) -> None:
         self.database = open_database(database) if isinstance(database, str | Path) else database
         self.path = self.database.path if isinstance(self.database, SqliteLedger) else None
         self._flush_interval_s = flush_interval_s
         self._batch_size = batch_size
         self._close_timeout_s = close_timeout_s
-        self._spill_path = spill_path if self.database.shared else None
+        self._max_pending = max_pending_rows
+        self.spool = None if spool_dir is None else Spool(spool_file(spool_dir, self.database.location))
         self._pending: deque[LedgerRow] = deque()
+        self.refused = refused or RefusedRows()
         self._probes: deque[LedgerRow] = deque(maxlen=10_000)  # synthetic probes, apart
         # Being written now, with each row's key: kept and retried as is when a write fails.
-        self._batch: list[tuple[Any, ...]] = []
+        self._batch: list[Keyed] = []
+        self._refused_batch: list[Keyed] = []
         # Random once per writer, then counted: unique across replicas and restarts without a
         # getrandom() call per row.
         prefix = os.urandom(6).hex()
@@ -67,11 +90,19 @@ class Ledger:
         self._thread: threading.Thread | None = None
         self._started = threading.Event()
         self._open_error: BaseException | None = None
+        self._cycles = 0
+        self._retry_at = 0.0
+        self._failures = 0
+        self._spool_failing = False
+        self._spool_retry_at = 0.0
+        self._dropped_said = (0, 0)
+        self._dropped_said_at = -DROP_LOG_S
         self.rows_appended = 0
-        self.rows_written = 0
-        self.rows_dropped = 0
-        self.rows_spilled = 0
+        self.rows_written = 0  # requests: a folded refusal row counts each request it stands for
+        self.rows_dropped_billable = 0
+        self.rows_spooled = 0  # moved to the spool since start (written from it later)
         self.write_errors = 0
+        self.spool_errors = 0
         self.up = True  # the last write (or open) reached the database
         self.oldest_pending_since: float | None = None  # wall time the oldest unwritten row waits since
 
@@ -81,15 +112,28 @@ class Ledger:
 
     @property
     def pending(self) -> int:
-        return len(self._pending) + len(self._batch)
+        """Rows held in memory, not yet in the database or the spool."""
+        return len(self._pending) + len(self._batch) + len(self._refused_batch) + len(self.refused)
+
+    @property
+    def spooled(self) -> int:
+        """Rows in the spool file now (the spool's depth)."""
+        return 0 if self.spool is None else self.spool.depth
+
+    @property
+    def rows_dropped(self) -> int:
+        return self.rows_dropped_billable + self.refused.dropped
 
     def append(self, row: LedgerRow) -> None:
-        pending = self._pending
-        if len(pending) >= MAX_PENDING_ROWS:
-            pending.popleft()
-            self.rows_dropped += 1
-        pending.append(row)
         self.rows_appended += 1
+        if row.status == "refused":
+            self.refused.add(row)  # bounded apart: a flood of refusals never evicts a billable row
+            return
+        pending = self._pending
+        if len(pending) >= self._max_pending:
+            pending.popleft()
+            self.rows_dropped_billable += 1
+        pending.append(row)
         if len(pending) >= self._batch_size:
             self._wake.set()
 
@@ -108,20 +152,39 @@ class Ledger:
             raise RuntimeError(str(self._open_error))
 
     async def close(self) -> None:
-        """Write every pending row (retrying up to ``close_timeout_s``), then stop the writer."""
+        """Write every row held (or spool it while the database is away), then stop the writer."""
         thread = self._thread
         if thread is None:
             return
         self._stopping = True
         self._wake.set()
-        await asyncio.to_thread(thread.join)
+        # Joined in a daemon thread of its own, not the loop's executor: a stop that gives up on a writer
+        # stuck in its database (runtime/stopping.py) must leave no thread the interpreter's exit waits on.
+        loop = asyncio.get_running_loop()
+        ended: asyncio.Future[None] = loop.create_future()
+
+        def wake() -> None:
+            if not ended.done():
+                ended.set_result(None)
+
+        def join() -> None:
+            thread.join()
+            with contextlib.suppress(RuntimeError):  # the loop is gone: nobody waits any more
+                loop.call_soon_threadsafe(wake)
+
+        threading.Thread(target=join, name="ledger-close", daemon=True).start()
+        await ended
         self._thread = None
 
     async def flush(self, timeout_s: float = 10.0) -> bool:
-        """Wait until the rows appended so far are written; False if that took over ``timeout_s``."""
-        target = self.rows_appended
+        """Wait until the rows appended so far are in the database (spooled ones too); False if that
+        took over ``timeout_s``."""
+        cycles = self._cycles
         for _ in range(max(1, int(timeout_s / 0.01))):
-            if self._thread is None or self.rows_written + self.rows_dropped >= target:
+            if self._thread is None:
+                return True
+            # Two cycles ended: one of them began after this call, so it saw every row appended.
+            if self._cycles >= cycles + 2 and not self.pending and not self.spooled:
                 return True
             self._wake.set()
             await asyncio.sleep(0.01)
@@ -132,96 +195,188 @@ class Ledger:
             applied = self.database.open()
             shared = " (shared by the fleet)" if self.database.shared else ""
             log.info("ledger: %s%s; migrations applied: %s", self.location, shared, applied or "none")
-            self._replay_spill()
         except LedgerUnavailable as exc:
             self._open_error = exc
             self._started.set()
             return
         self._started.set()
         try:
-            failures = 0
+            self._count_spool()
             while not self._stopping:
-                # After a failure, wait longer each time (up to RETRY_MAX_S) before trying again.
-                wait = self._flush_interval_s if not failures else min(RETRY_MAX_S, 0.1 * 2**failures)
-                self._wake.wait(wait)
-                self._wake.clear()
-                failures = 0 if self._write_pending() else failures + 1
+                busy = self._cycle()
+                self._cycles += 1
+                if not busy:
+                    self._wake.wait(self._flush_interval_s)
+                    self._wake.clear()
             self._drain_at_close()
         finally:
             self.database.close()
+            if self.spool is not None:
+                self.spool.close()
 
-    def _write_pending(self) -> bool:
-        """Write batches until none is left; False when the database refused one (it stays queued)."""
+    def _count_spool(self) -> None:
+        """How many rows the spool holds (a previous run's, or another process's sharing the folder)."""
+        if self.spool is None:
+            return
+        try:
+            if self.spool.count():
+                log.warning("ledger spool %s holds %d rows: writing them", self.spool.path, self.spool.depth)
+        except LedgerUnavailable as exc:
+            log.error("%s; rows will wait in memory while the database is away", exc)
+
+    def _cycle(self) -> bool:
+        """One turn of the writer; True when there is more to do at once (spool rows to write)."""
+        self._say_dropped()
+        self.refused.lines.summarize(refusal_log)
+        if not self.up:
+            self._spool_held()  # first, so a write that hangs holds only the rows that come meanwhile
+            if time.monotonic() < self._retry_at:
+                return False
+        if self._write_held() and self._replay_spool():
+            self._failures = 0
+            if not self.pending and not self.spooled:
+                self.oldest_pending_since = None
+            return self.spooled > 0 and time.monotonic() >= self._spool_retry_at
+        self._failures += 1
+        self._retry_at = time.monotonic() + min(RETRY_MAX_S, 0.1 * 2**self._failures)
+        self._spool_held()
+        return False
+
+    def _keyed(self, rows: list[LedgerRow]) -> list[Keyed]:
+        return [(*row, next(self._keys)) for row in rows]
+
+    def _write_held(self) -> bool:
+        """Write what memory holds, batch by batch; False when the database refused one (it stays)."""
         if self._probes:
-            probes = [(*self._probes.popleft(), next(self._keys)) for _ in range(len(self._probes))]
+            probes = self._keyed([self._probes.popleft() for _ in range(len(self._probes))])
             try:
                 self.database.write(probes)
             except LedgerUnavailable as exc:
                 log.warning("%s; %d probe rows dropped", exc, len(probes))
+        if not self._refused_batch and len(self.refused):
+            self._refused_batch = self._keyed(self.refused.take())
+        if self._refused_batch and not self._write(self._refused_batch):
+            return False
+        self._refused_batch = []
         pending = self._pending
         while self._batch or pending:
             if not self._batch:
-                taken = [pending.popleft() for _ in range(min(self._batch_size, len(pending)))]
-                self._batch = [(*row, next(self._keys)) for row in taken]
-            if self.oldest_pending_since is None:
-                self.oldest_pending_since = self._batch[0][0]
-            try:
-                self.database.write(self._batch)
-            except LedgerUnavailable as exc:
-                self.write_errors += 1
-                if self.up:
-                    log.error("%s; %d rows wait and are retried", exc, self.pending)
-                self.up = False
+                self._batch = self._keyed(
+                    [pending.popleft() for _ in range(min(self._batch_size, len(pending)))]
+                )
+            if not self._write(self._batch):
                 return False
-            if not self.up:
-                log.warning("ledger %s is back: writing %d waiting rows", self.location, self.pending)
-            self.up = True
-            self.rows_written += len(self._batch)
             self._batch = []
-            self.oldest_pending_since = pending[0].time if pending else None
         return True
 
+    def _write(self, rows: list[Keyed]) -> bool:
+        try:
+            self.database.write(rows)
+        except LedgerUnavailable as exc:
+            self.write_errors += 1
+            if self.oldest_pending_since is None:
+                self.oldest_pending_since = rows[0][0]
+            if self.up:
+                log.error("%s; rows are kept (in the spool while it takes them) and retried", exc)
+            self.up = False
+            return False
+        if not self.up:
+            self.up = True
+            self._count_spool()  # with the rows other processes sharing the spool left there
+            log.warning("ledger %s is back: writing the rows kept meanwhile", self.location)
+        self.rows_written += sum(row[COUNT_INDEX] for row in rows)
+        return True
+
+    def _replay_spool(self) -> bool:
+        """Write the spool's oldest rows (a few batches a cycle); False when the database refused."""
+        spool = self.spool
+        if spool is None or not spool.depth or time.monotonic() < self._spool_retry_at:
+            return True
+        try:
+            for _ in range(REPLAY_BATCHES_PER_CYCLE):
+                rows = [upgraded(row) for row in spool.oldest(self._batch_size)]
+                if not rows:
+                    spool.count()  # another process may have written some: the file's count, again
+                    return True
+                if not self._write(rows):
+                    return False
+                spool.remove(rows)  # if this fails, the rows are written again: their keys are skipped
+        except LedgerUnavailable as exc:
+            self.spool_errors += 1
+            self._spool_retry_at = time.monotonic() + RETRY_MAX_S
+            log.error("%s; its rows wait there", exc)
+        return True
+
+    def _spool_held(self) -> None:
+        """Move every row memory holds to the spool (the database is away); keep them when it fails."""
+        spool = self.spool
+        if spool is None:
+            return
+        if not self._refused_batch and len(self.refused):
+            self._refused_batch = self._keyed(self.refused.take())
+        fresh = [self._pending.popleft() for _ in range(len(self._pending))]
+        rows = self._batch + self._refused_batch + self._keyed(fresh)
+        if not rows:
+            return
+        try:
+            spool.add(rows)
+        except LedgerUnavailable as exc:
+            self.spool_errors += 1
+            self._pending.extendleft(reversed(fresh))  # back in front, in order; keyed again later
+            while len(self._pending) > self._max_pending:
+                self._pending.popleft()
+                self.rows_dropped_billable += 1
+            if not self._spool_failing:
+                log.error("%s; rows wait in memory (billable: at most %d)", exc, self._max_pending)
+            self._spool_failing = True
+            return
+        if self._spool_failing:
+            log.warning("ledger spool %s takes rows again", spool.path)
+        self._spool_failing = False
+        self.rows_spooled += len(rows)
+        self._batch, self._refused_batch = [], []
+
+    def _say_dropped(self) -> None:
+        """A log line when rows were dropped since the last one (at most one every DROP_LOG_S)."""
+        dropped = (self.rows_dropped_billable, self.refused.dropped)
+        if dropped == self._dropped_said or time.monotonic() < self._dropped_said_at + DROP_LOG_S:
+            return
+        billable, refused = dropped[0] - self._dropped_said[0], dropped[1] - self._dropped_said[1]
+        log.error(
+            "ledger: rows dropped, neither the database nor the spool taking them: %d billable (memory"
+            " bound %d rows), %d refused-request rows (their own bound); totals %d and %d",
+            billable,
+            self._max_pending,
+            refused,
+            *dropped,
+        )
+        self._dropped_said, self._dropped_said_at = dropped, time.monotonic()
+
     def _drain_at_close(self) -> None:
+        """Write what memory holds; while the database is away spool it at once, and only when the
+        spool fails too, keep retrying the database up to ``close_timeout_s``."""
+        self.refused.lines.summarize(refusal_log, everything=True)
+        if self.up and self._write_held():
+            return
+        self._spool_held()
         deadline = time.monotonic() + self._close_timeout_s
         delay = 0.1
-        while not self._write_pending() and time.monotonic() < deadline:
+        while self.pending and not self._write_held() and time.monotonic() < deadline:
             time.sleep(min(delay, max(0.0, deadline - time.monotonic())))
             delay = min(RETRY_MAX_S, delay * 2)
-        if self.pending and self._spill_path is not None:
-            self._spill(self._spill_path)
+        self._say_dropped()
         if self.pending:
             log.error("ledger closed with %d rows unwritten (see the errors above)", self.pending)
+        elif self.spooled:
+            log.warning("ledger %s away at close: %d rows wait in the spool", self.location, self.spooled)
 
-    def _spill(self, path: Path) -> None:
-        """Keep the rows the shared ledger refused in a local SQLite file (same schema, same keys)."""
-        rows = self._batch + [(*row, next(self._keys)) for row in self._pending]
-        spill = SqliteLedger(path)
-        try:
-            spill.open()
-            spill.write(rows)
-        except LedgerUnavailable:
-            log.exception("could not spill %d ledger rows to %s", len(rows), path)
-            return
-        finally:
-            spill.close()
-        log.warning("ledger %s unreachable at close: %d rows kept in %s", self.location, len(rows), path)
-        self.rows_spilled += len(rows)
-        self._batch = []
-        self._pending.clear()
 
-    def _replay_spill(self) -> None:
-        """Write the rows a previous run spilled (their keys make this safe to repeat), then drop them."""
-        path = self._spill_path
-        if path is None or not path.is_file():
-            return
-        with SqliteLedger(path).reading() as reader:
-            query = f"SELECT {', '.join(COLUMNS)} FROM requests ORDER BY id"
-            rows = [list(row) for row in reader.conn.execute(query).fetchall()]
-        for row in rows:
-            row[STREAM_INDEX] = bool(row[STREAM_INDEX])
-            row[PROBE_INDEX] = bool(row[PROBE_INDEX])  # SQLite keeps booleans as integers
-        for start in range(0, len(rows), self._batch_size):
-            self.database.write([tuple(r) for r in rows[start : start + self._batch_size]])
-        for suffix in ("", "-wal", "-shm"):
-            Path(f"{path}{suffix}").unlink(missing_ok=True)
-        log.warning("ledger: replayed %d spilled rows from %s into %s", len(rows), path, self.location)
+def upgraded(row: tuple[Any, ...]) -> Keyed:
+    """A spooled row in today's columns: one spooled before a migration added columns gets their
+    defaults (added columns always come last, before the key)."""
+    missing = len(COLUMNS) - len(row)
+    if missing <= 0:
+        return row
+    defaults = LedgerRow._field_defaults
+    added = tuple(defaults.get(name) for name in LedgerRow._fields[len(row) - 1 :])
+    return (*row[:-1], *added, row[-1])

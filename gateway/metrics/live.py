@@ -215,15 +215,14 @@ class LiveCollector:
             "gateway_ledger_rows_written", "Ledger rows written to disk.", value=ledger.rows_written
         )
         yield CounterMetricFamily(
-            "gateway_ledger_rows_dropped",
-            "Ledger rows dropped because the writer fell too far behind.",
-            value=ledger.rows_dropped,
-        )
-        yield CounterMetricFamily(
-            "gateway_ledger_write_errors", "Failed ledger batch writes (retried).", value=ledger.write_errors
+            "gateway_ledger_write_errors",
+            "Failed ledger batch writes (kept and retried).",
+            value=ledger.write_errors,
         )
         yield GaugeMetricFamily(
-            "gateway_ledger_pending_rows", "Ledger rows waiting to be written.", value=ledger.pending
+            "gateway_ledger_pending_rows",
+            "Ledger rows waiting in memory to be written.",
+            value=ledger.pending,
         )
         yield from ledger_health(ledger, self._sources.wall_clock())
 

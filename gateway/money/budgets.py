@@ -228,6 +228,8 @@ class Budgets:
         totals = await asyncio.to_thread(_period_totals, ledger, wall)
         for key, spent in totals.items():
             self.store.seed(key, spent)
+        # A store that can lose its counters (Redis restarted empty) raises them to the ledger's again.
+        self.store.reseed_from(functools.partial(_period_totals, ledger), ledger.shared)
 
     async def close(self) -> None:
         await self.store.close()

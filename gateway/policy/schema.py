@@ -292,10 +292,14 @@ class Ledger(Strict):
     url: Annotated[str | None, Field(pattern=r"^postgres(ql)?://")] = None
     flush_interval_s: PositiveFloat = 1.0
     batch_size: Annotated[int, Field(ge=1, le=100_000)] = 500
-    # Shared ledger only: how long a shutdown keeps retrying a database that is away, and where it
-    # leaves the rows it still refuses (the next start writes them to the database).
+    # Where rows wait while the database is away (a SQLite spool file per ledger, fsynced each move;
+    # the database gets them when it is back, this start or the next); and how long a shutdown keeps
+    # retrying the database when the spool cannot take its rows either.
+    spool_dir: Annotated[str, Field(min_length=1)] = "var/ledger-spool"
+    # Billable rows held in memory when neither the database nor the spool takes them; past it the
+    # oldest is dropped (and counted). Refused requests have a bound of their own.
+    max_pending_rows: Annotated[int, Field(ge=100, le=10_000_000)] = 200_000
     close_timeout_s: Annotated[float, Field(ge=0, le=600)] = 20.0
-    spill_path: Annotated[str, Field(min_length=1)] = "var/ledger-spill.sqlite3"
     # Per-user spend: "hashed" keeps a keyed hash (HMAC-SHA256) of the client's user id in each row,
     # never the id itself; the key is read from the environment variable ``user_hash_key_env`` names
     # (unset: no user is recorded, and the policy says so). "none" (the default) records no user.

@@ -3,9 +3,10 @@ wrong key, a body too large or too slow, a rate limit or a budget (errors with `
 
 Each one ends like any request, settled once: it gets a ledger row with status ``refused``, its reason
 (the error's code, a vocabulary of the gateway's own) as the row's error type, the route and key when
-they are known, so ``gateway spend``, the dashboard and the metrics count it by reason; and one log line
-at info. A request shed before its body is read (``runtime.admission``) is not one of them: a flood of
-those costs no row.
+they are known, so ``gateway spend``, the dashboard and the metrics count it by reason (past a bound per
+minute the ledger folds a reason's refusals into one counting row, ``ledger/refused.py``); and a log line
+at info, at most a few a minute per reason and key (``ledger/refusal_lines.py``). A request shed before
+its body is read (``runtime.admission``) is not one of them: a flood of those costs no row.
 """
 
 from __future__ import annotations
@@ -38,6 +39,8 @@ def refuse(exchange: Exchange, error: GatewayError) -> None:
     reason = reason_of(error)
     if observation.error_type is None:
         observation.status, observation.error_type = "refused", reason
+    if not exchange.runtime.ledger.refused.lines.allow(reason, observation.api_key_name or "-", log):
+        return  # a flood of refusals is a few lines a minute, not a line each
     message = log_text(error.message[:LOGGED_MESSAGE_CHARS])  # it may quote the client: no control chars
     log.info(
         "refused request %s: %s (%d %s; route %s, key %s): %s",

@@ -9,7 +9,6 @@ costs, the ledger and metrics plug in here without this module knowing the reque
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import itertools
 import logging
 import os
@@ -47,6 +46,7 @@ from gateway.policy.decide import Decision, DecisionMemo, RequestFeatures, decid
 from gateway.runtime.admission import InFlight
 from gateway.runtime.books import Books
 from gateway.runtime.drain import Drain
+from gateway.runtime.stopping import CLOSE_BUDGET_S, Stage, cancel_tasks, close_in_stages
 from gateway.runtime.waiting import WaitingRoom, retry_after_seconds
 from gateway.store import open_store
 from gateway.values.auth import ApiKey, AuthenticationFailed, PermissionDenied, authenticate
@@ -190,18 +190,27 @@ class Runtime(Books):
         self._tasks.append(loop.create_task(self.ledger_view.run()))
 
     async def close(self) -> None:
-        for task in self._tasks:
-            task.cancel()
-        for task in self._tasks:
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
-        await self.probes.close()
-        await self.scraper.stop()
-        await self.backends.close()
-        # Last: uvicorn has already drained in-flight requests, so every row is in the queue by now.
-        await self.budgets.close()
-        await self.ledger.close()
-        self.metrics.close()
+        """Each stage bounded (``gateway.runtime.stopping``): a stop always ends, whatever still waits."""
+
+        async def background() -> None:
+            await cancel_tasks(self._tasks, 1.0)
+
+        async def metrics() -> None:
+            self.metrics.close()
+
+        await close_in_stages([
+            Stage("background tasks (policy watch, fleet sync, ledger view)", background, 1.0),
+            Stage("probes", self.probes.close, 1.0),
+            Stage("scraper", self.scraper.stop, 1.0),
+            Stage("backend connections", self.backends.close, 1.0),
+            Stage("budgets and the shared store", self.budgets.close, 2.0),
+            # Last: uvicorn has already drained in-flight requests, so every row is in the queue by now.
+            Stage("ledger flush", self.ledger.close, CLOSE_BUDGET_S, self._rows_unwritten),
+            Stage("metrics", metrics, 1.0),
+        ])  # fmt: skip
+
+    def _rows_unwritten(self) -> str:
+        return f"{self.ledger.pending} rows unwritten"
 
     async def readiness(self) -> dict[str, Any]:
         """Ready when a policy is loaded, at least one of its backends is up, as the signal scraper and

@@ -18,6 +18,10 @@ SHUTDOWN_CODE = "gateway_shutting_down"
 SHUTDOWN_MESSAGE = "the gateway is restarting: this stream was ended after its grace period; retry it"
 UNANSWERED_MESSAGE = "the gateway is restarting: no answer began within its grace period; retry this request"
 SETTLE_S = 5.0  # how long streams told to end get to send their error event and settle
+# How long a stop keeps listening even with nothing in flight: a load balancer polling /ready still
+# sends until its next poll sees the 503, and a listener closed at once cut those connections unanswered
+# (the chaos row: a request lost at a SIGTERM). Kubernetes' preStop sleep plays this part there.
+NOTICE_S = 1.0
 
 
 class Open(Protocol):
@@ -56,7 +60,10 @@ class Drain:
         log.info(
             "draining: /ready answers 503; %d requests in flight, %.1f s grace", len(self.streams), grace_s
         )
-        if await self._all_closed_within(grace_s):
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + grace_s
+        await asyncio.sleep(min(grace_s, NOTICE_S))  # requests still arriving meanwhile are served
+        if await self._all_closed_within(max(0.0, deadline - loop.time())):
             return
         log.warning("grace period over: ending %d requests still in flight", len(self.streams))
         self.ended = True

@@ -302,8 +302,9 @@ function render(data) {
   ledgerEl.className = ledger.up ? "" : "status offline";
   document.getElementById("updated").textContent = "updated " + clock(data.now);
   const status = document.getElementById("status");
-  status.textContent = "live";
-  status.className = "status live";
+  const degraded = data.degraded || [];
+  status.textContent = degraded.length ? "degraded: " + degraded.join("; ") : "live";
+  status.className = degraded.length ? "status offline" : "status live";
   document.body.dataset.updatedAt = String(data.now);
 }
 

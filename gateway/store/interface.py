@@ -5,7 +5,7 @@ admission rule both implementations apply. Below the package and its implementat
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal, Protocol
 
@@ -112,6 +112,8 @@ class Store(Protocol):
     def settle_window(self, key: str, bucket: int, delta: float, held_in: int = 0) -> None: ...
 
     def seed(self, key: str, spent: float) -> None: ...
+
+    def reseed_from(self, totals: Callable[[float], Mapping[str, float]], shared: bool) -> None: ...
 
     def read(self, key: str) -> tuple[float, float]: ...
 

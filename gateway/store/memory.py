@@ -5,7 +5,7 @@ awaits between check and update. The default without Redis, and the Redis store'
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from gateway.store.interface import BUCKET_S, WINDOW_S, Ask, Message, StoreHealth, Verdict, judge
@@ -66,6 +66,9 @@ class MemoryStore:
 
     def seed(self, key: str, spent: float) -> None:
         self._counters.setdefault(key, [spent, 0.0])
+
+    def reseed_from(self, totals: Callable[[float], Mapping[str, float]], shared: bool) -> None:
+        """Nothing to do: this store lives and dies with the process, which seeds it at start."""
 
     def read(self, key: str) -> tuple[float, float]:
         counter = self._counters.get(key)

@@ -11,7 +11,6 @@ import logging
 import os
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
 from typing import Any
 
 from redis.asyncio import BlockingConnectionPool, Redis
@@ -24,7 +23,8 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 from gateway.policy.schema import StoreSettings
 from gateway.store.interface import ADMITTED, LOCAL, WINDOW_S, Ask, Message, StoreHealth, Verdict, shown_url
 from gateway.store.memory import MemoryStore
-from gateway.store.scripts import ADMIT_LUA, SETTLE_LUA
+from gateway.store.outage import Batch, LedgerTotals, OutageShares, Replicas
+from gateway.store.scripts import ADMIT_LUA, FLOOR_LUA, SETTLE_LUA, admit_args
 
 log = logging.getLogger("gateway.store")
 
@@ -32,25 +32,12 @@ FAULTS = (RedisError, OSError, asyncio.TimeoutError)
 COUNTER_TTL_S = 62 * 86_400  # a month's counter outlives its month
 HISTORY_MS = 60_000  # a new replica starts from the fleet's last minute of messages
 STREAM_MAXLEN = 10_000
+FLOOR_AGAIN_FOR_S = 30.0  # after Redis lost its data, how long its counters keep the ledger as a floor
 REFRESH_S = 1.0  # how often counters read by metrics and the dashboard are re-read
 PROBE_S = 0.5  # how often an unreachable Redis is tried again
 WATCH_FOR_S = 600.0  # a counter nobody read for this long is no longer re-read
 # Connections per process: admissions past this many at once wait for one (a local queue, not a fault).
 POOL_SIZE = 64
-
-
-@dataclass(slots=True)
-class Batch:
-    """Settlements to apply together: (spent, reserved) deltas per counter, deltas per window bucket."""
-
-    seq: int = 0
-    counters: dict[str, list[float]] = field(default_factory=dict)
-    windows: dict[tuple[str, int], float] = field(default_factory=dict)
-    # Reservations whose admission timed out: (marker key, cap keys), released if the script ran.
-    cancels: list[tuple[str, tuple[str, ...]]] = field(default_factory=list)
-
-    def __bool__(self) -> bool:
-        return bool(self.counters or self.windows or self.cancels)
 
 
 class RedisStore:
@@ -88,6 +75,15 @@ class RedisStore:
         self._client: Redis | None = None
         self._admit: Any = None
         self._settle: Any = None
+        self._floor: Any = None
+        # Redis away or found empty (gateway.store.outage): shares while away, the ledger's floor after.
+        self._replicas = Replicas(time.monotonic)
+        self._outage = OutageShares()
+        self._ledger_totals: LedgerTotals | None = None
+        self._ledger_shared = False
+        self._floor_due = False
+        self._floor_until = 0.0  # after a loss, the floor is raised again each refresh until then
+        self.floors_raised = 0  # counters the ledger's totals raised (Redis had lost them)
 
     async def start(self) -> None:
         retry = Retry(NoBackoff(), 0)  # a fault is reported at once; the background probe reconnects
@@ -102,6 +98,7 @@ class RedisStore:
         self._client = Redis(connection_pool=pool, retry=retry)
         self._admit = self._client.register_script(ADMIT_LUA)
         self._settle = self._client.register_script(SETTLE_LUA)
+        self._floor = self._client.register_script(FLOOR_LUA)
         log.info("sharing budgets, rate limits and live stats through %s", shown_url(self._url))
         try:
             await self._client.ping()
@@ -134,7 +131,9 @@ class RedisStore:
             marker = f"reservation:{self.replica}:{self._admissions}"
             keys = [self._tag + key for key in (*(c.key for c in ask.windows), *ask.keys)]
             try:
-                reply = await self._admit(keys=[*keys, self._tag + marker], args=_admit_args(ask))
+                reply = await self._admit(
+                    keys=[*keys, self._tag + marker], args=admit_args(ask, COUNTER_TTL_S)
+                )
             except FAULTS as exc:
                 self._fault(exc)
                 if ask.keys:  # a slow Redis may run the script after we gave up on it
@@ -143,7 +142,9 @@ class RedisStore:
                 return self._verdict(ask, reply)
         if not self.health.serving:
             raise self.health.unavailable()
-        return self._local.admit_now(ask, held_in=LOCAL, counters_of=self.read)
+        replicas = self._replicas.count()
+        counters = self._outage.counters(ask.keys, ask.limits, self.read, replicas)
+        return self._local.admit_now(ask, held_in=LOCAL, counters_of=counters)
 
     def settle(self, keys: Sequence[str], reserved: float, actual: float, held_in: int = 0) -> None:
         release = reserved if held_in == self._epoch else 0.0
@@ -165,7 +166,14 @@ class RedisStore:
             self._wake.set()
 
     def seed(self, key: str, spent: float) -> None:
-        """Nothing to do: Redis holds the fleet's counters, which one replica's ledger does not know."""
+        """What the ledger says until Redis has said anything (it holds the fleet's counters)."""
+        self._shared.setdefault(key, (spent, 0.0))
+
+    def reseed_from(self, totals: LedgerTotals, shared: bool) -> None:
+        """Where the counters' floor comes from when Redis is found empty; checked once now too."""
+        self._ledger_totals, self._ledger_shared = totals, shared
+        self._floor_due = True
+        self._wake.set()
 
     def read(self, key: str) -> tuple[float, float]:
         """Redis's last word on a counter plus what this replica has not yet sent; re-read in the
@@ -203,6 +211,7 @@ class RedisStore:
                 self._last_id = entry_id.decode()
                 replica = entry[b"r"].decode()
                 if replica != self.replica:
+                    self._replicas.heard(replica)
                     age_s = max(0.0, (now_ms - int(self._last_id.partition("-")[0])) / 1000.0)
                     messages.append(Message(replica, entry[b"d"], age_s))
         return messages
@@ -218,6 +227,9 @@ class RedisStore:
             "fault": health.fault,
             "faults": health.faults,
             "unsent_batches": int(bool(self._pending)) + int(self._sending is not None),
+            "replicas_heard": self._replicas.count(),
+            "counters_raised_to_ledger": self.floors_raised,
+            "data_lost": self._epoch,  # times Redis was found to have lost this replica's counts
         }
 
     # --- background: send settlements, re-read watched counters, probe while down -------------------
@@ -240,7 +252,11 @@ class RedisStore:
         try:
             if self._pending or self._sending:
                 await self._flush()
+            if self._floor_due:  # after the flush: what this replica re-added is in before the maximum
+                await self._raise_to_ledger()
             if self._wall_clock() - self._refreshed_at >= REFRESH_S:
+                # Rows settled around the loss reach the ledger a flush later: raised again meanwhile.
+                self._floor_due |= self._wall_clock() < self._floor_until
                 await self._refresh()
         except FAULTS as exc:
             self._fault(exc)
@@ -251,6 +267,13 @@ class RedisStore:
         assert self._client is not None
         try:
             await self._client.ping()
+            if self._ledger_shared and self._acked and not await self._client.exists(self._applied_key):
+                # Back empty: what this replica counted meanwhile is in the fleet's ledger, and the
+                # ledger's floor brings it back; sent too, it would be counted twice.
+                for batch in (self._sending, self._pending):
+                    if batch is not None:
+                        batch.counters.clear()
+                        batch.cancels.clear()
             self.health.up, self.health.fault = True, None
             log.warning("shared store is reachable again; sending what was counted meanwhile")
             await self._flush(always=True)
@@ -299,14 +322,29 @@ class RedisStore:
             self._contributed[key] = self._contributed.get(key, 0.0) + spent
 
     def _redis_lost_data(self) -> None:
-        """Redis restarted empty: give it back this replica's spend since start, once, in the next
-        batch; reservations it held are gone, so their settlements will release nothing."""
-        log.warning("the shared store lost its data; re-adding this replica's spend since start")
+        """Redis restarted empty: counters come back (gateway.store.outage); reservations it held are
+        gone, so their settlements release nothing."""
         self._epoch += 1
-        for key, spent in self._contributed.items():
-            self._pending.counters.setdefault(key, [0.0, 0.0])[0] += spent
+        if self._ledger_totals is not None:
+            self._floor_due, self._floor_until = True, self._wall_clock() + FLOOR_AGAIN_FOR_S
+        how = "raising its counters to the ledger's" if self._ledger_shared else "re-adding our spend"
+        log.warning("the shared store lost its data; %s", how)
+        if not self._ledger_shared:  # a fleet's ledger holds this replica's spend: the floor brings it back
+            for key, spent in self._contributed.items():
+                self._pending.counters.setdefault(key, [0.0, 0.0])[0] += spent
         self._contributed = {}
         self._wake.set()
+
+    async def _raise_to_ledger(self) -> None:
+        assert self._ledger_totals is not None and self._floor is not None
+        totals = await asyncio.to_thread(self._ledger_totals, self._wall_clock())
+        if totals:
+            keys = [self._tag + key for key in totals]
+            raised = int(await self._floor(keys=keys, args=[COUNTER_TTL_S, *map(repr, totals.values())]))
+            if raised:
+                log.warning("raised %d budget counters to the ledger's totals", raised)
+            self.floors_raised += raised
+        self._floor_due = False
 
     async def _refresh(self) -> None:
         assert self._client is not None
@@ -341,6 +379,7 @@ class RedisStore:
         health.fault = self._describe(exc)
         if health.up:
             health.up = False
+            self._outage.began()
             log.warning("shared store fault, serving %s: %s (%r)", health.on_failure, health.fault, exc)
 
     def _describe(self, exc: BaseException) -> str:
@@ -350,12 +389,3 @@ class RedisStore:
         if isinstance(exc, (RedisConnectionError, OSError)):
             return "cannot connect to Redis"
         return f"Redis error ({type(exc).__name__})"
-
-
-def _admit_args(ask: Ask) -> list[Any]:
-    args: list[Any] = [len(ask.windows), len(ask.keys), len(ask.levels), WINDOW_S, COUNTER_TTL_S]
-    for charge in ask.windows:
-        args += [repr(float(charge.limit)), repr(float(charge.amount))]
-    args += [repr(float(limit)) for limit in ask.limits]
-    args += [repr(float(level)) for level in ask.levels]
-    return args

@@ -5,6 +5,10 @@ windows hashes {unix second: count}; numbers travel as strings, to keep every di
 
 from __future__ import annotations
 
+from typing import Any
+
+from gateway.store.interface import WINDOW_S, Ask
+
 # KEYS: window keys, cap keys, then (with caps) a marker key for this reservation. ARGV: #windows, #caps,
 # #levels, window seconds, cap ttl, then limit and amount per window, limit per cap, and the levels
 # (amounts to try in order; the first that fits every cap is reserved). The marker holds the amount for
@@ -157,3 +161,32 @@ for i = 1, nc do
 end
 return out
 """
+
+# Budget counters raised to at least the ledger's totals (Redis came back empty, or a replica starts).
+# KEYS: counters. ARGV: ttl, then each counter's floor (spent per the ledger). A maximum, never a sum:
+# every replica may run it, any number of times, and spend Redis already holds is not counted twice.
+# Replies the number of counters raised.
+FLOOR_LUA = """
+local ttl = tonumber(ARGV[1])
+local raised = 0
+for i = 1, #KEYS do
+  local floor = tonumber(ARGV[i + 1])
+  local spent = tonumber(redis.call('HGET', KEYS[i], 'spent')) or 0
+  if floor > spent then
+    redis.call('HSET', KEYS[i], 'spent', ARGV[i + 1])
+    redis.call('EXPIRE', KEYS[i], ttl)
+    raised = raised + 1
+  end
+end
+return raised
+"""
+
+
+def admit_args(ask: Ask, ttl_s: int) -> list[Any]:
+    """ADMIT_LUA's ARGV for ``ask``, counters kept ``ttl_s`` seconds."""
+    args: list[Any] = [len(ask.windows), len(ask.keys), len(ask.levels), WINDOW_S, ttl_s]
+    for charge in ask.windows:
+        args += [repr(float(charge.limit)), repr(float(charge.amount))]
+    args += [repr(float(limit)) for limit in ask.limits]
+    args += [repr(float(level)) for level in ask.levels]
+    return args

@@ -1,5 +1,5 @@
 """A shared ledger that goes away: rows wait (bounded) and are written when it returns, without
-duplicates; a shutdown while it is away leaves them in a spill file that the next start writes."""
+duplicates; a shutdown while it is away leaves them in the spool, which the next start writes."""
 
 from __future__ import annotations
 
@@ -63,21 +63,21 @@ async def test_rows_wait_while_the_database_is_away_and_are_written_once_it_retu
     assert count(postgres_url) == 60, "every row written once"
 
 
-async def test_a_close_while_the_database_is_away_spills_and_the_next_start_replays(
+async def test_a_close_while_the_database_is_away_spools_and_the_next_start_writes_them(
     proxy: TcpProxy, postgres_url: str, tmp_path: Path
 ) -> None:
-    spill = tmp_path / "spill.sqlite3"
     url = through(proxy, postgres_url)
-    ledger = Ledger(PostgresLedger(url, timeout_s=1.0), close_timeout_s=0.5, spill_path=spill)
+    ledger = Ledger(PostgresLedger(url, timeout_s=1.0), close_timeout_s=0.5, spool_dir=tmp_path)
     await ledger.start()
     proxy.cut()
     for n in range(1, 21):
         ledger.append(row(n))
     await ledger.close()
-    assert ledger.rows_spilled == 20 and spill.is_file()
+    assert ledger.rows_spooled == 20 and ledger.spooled == 20 and ledger.pending == 0
     proxy.restore()
-    again = Ledger(PostgresLedger(url, timeout_s=1.0), spill_path=spill)
+    again = Ledger(PostgresLedger(url, timeout_s=1.0), spool_dir=tmp_path)
     await again.start()
+    assert await again.flush(timeout_s=20)
+    assert again.spooled == 0
     await again.close()
-    assert not spill.exists()
     assert count(postgres_url) == 20

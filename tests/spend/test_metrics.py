@@ -59,6 +59,9 @@ EXPORTED = {
     "gateway_ledger_rows_written_total",
     "gateway_ledger_rows_dropped_total",
     "gateway_ledger_write_errors_total",
+    "gateway_ledger_rows_spooled_total",
+    "gateway_ledger_spool_rows",
+    "gateway_ledger_spool_errors_total",
     "gateway_ledger_pending_rows",
 }
 
@@ -174,7 +177,9 @@ def test_known_traffic_shows_in_every_metric(
     assert m("gateway_budget_reserved_usd", **capped_day) == 0
     assert m("gateway_ledger_rows_written_total") == 10
     assert m("gateway_ledger_pending_rows") == 0
-    assert m("gateway_ledger_rows_dropped_total") == m("gateway_ledger_write_errors_total") == 0
+    assert m("gateway_ledger_rows_dropped_total", kind="billable") == 0
+    assert m("gateway_ledger_rows_dropped_total", kind="refused") == 0
+    assert m("gateway_ledger_write_errors_total") == m("gateway_ledger_rows_spooled_total") == 0
 
 
 def test_policy_reloads_show_success_and_failure(make_gateway: MakeGateway) -> None:

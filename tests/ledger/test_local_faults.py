@@ -1,0 +1,202 @@
+"""The ledger's writer against faults of its own machine, each made for real: the SQLite ledger locked
+by another writer, its disk full (a small tmpfs, filled), the spool unwritable; and refused requests
+bounded apart from billable rows, so a flood of them evicts none (issue 42)."""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import shutil
+import sqlite3
+import subprocess
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from gateway.ledger import Ledger
+from gateway.ledger.postgres import PostgresLedger
+from gateway.ledger.refusal_lines import RefusalLines
+from gateway.ledger.refused import RefusedRows
+from gateway.ledger.rows import COLUMNS, LedgerRow
+from gateway.ledger.spool import Spool
+from gateway.ledger.writer import upgraded
+from tests.postgres import TcpProxy
+
+from .test_contract import row
+from .test_outage import count, proxy, through, wait_for
+
+__all__ = ["proxy"]  # the fixture, used here
+
+
+def refused(n: int, reason: str = "invalid_api_key", key: str | None = None) -> LedgerRow:
+    """A refused request's row: no route, no cost; a flood's worth all within the same few seconds."""
+    return row(1)._replace(
+        time=1_750_000_000.0 + n / 1000,
+        request_id=f"refused-{n}",
+        route="",
+        status="refused",
+        error_type=reason,
+        api_key_name=key,
+        cost_usd=0.0,
+    )
+
+
+def rows_in(path: Path) -> tuple[int, int]:
+    """(rows, requests they count) in a SQLite ledger."""
+    with sqlite3.connect(path) as conn:
+        found = conn.execute("SELECT count(*), coalesce(sum(request_count), 0) FROM requests").fetchone()
+    return int(found[0]), int(found[1])
+
+
+async def test_a_locked_sqlite_ledger_spools_its_rows_and_writes_them_once_when_released(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    path = tmp_path / "ledger.sqlite3"
+    ledger = Ledger(path, flush_interval_s=0.05, spool_dir=tmp_path / "spool")
+    await ledger.start()
+    ledger.append(row(1))
+    assert await ledger.flush()
+    holder = sqlite3.connect(path, isolation_level=None)
+    holder.execute("BEGIN EXCLUSIVE")  # another writer holds the file
+    for n in range(2, 52):
+        ledger.append(row(n))
+    await wait_for(lambda: ledger.spooled == 50)
+    assert not ledger.up and ledger.write_errors >= 1 and ledger.pending == 0
+    assert "database is locked" in caplog.text
+    holder.execute("ROLLBACK")
+    holder.close()
+    assert await ledger.flush(timeout_s=30)
+    await ledger.close()
+    assert ledger.up and rows_in(path) == (51, 51)
+
+
+@contextlib.contextmanager
+def small_disk(size: str = "8m") -> Iterator[Path]:
+    """A tmpfs of ``size``, mounted for the test (root only) and unmounted after."""
+    mount = Path(tempfile.mkdtemp(prefix="gateway-full-"))
+    made = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(mount)], check=False)
+    if made.returncode != 0:
+        mount.rmdir()
+        pytest.skip("cannot mount a tmpfs here (needs root)")
+    try:
+        yield mount
+    finally:
+        subprocess.run(["umount", "-l", str(mount)], check=False)
+        shutil.rmtree(mount, ignore_errors=True)
+
+
+def fill(disk: Path) -> Path:
+    filler = disk / "filler"
+    with filler.open("wb") as out, contextlib.suppress(OSError):
+        while True:
+            out.write(b"\0" * 65536)
+            out.flush()
+    return filler
+
+
+async def test_a_sqlite_ledger_on_a_full_disk_spools_and_catches_up_once_space_is_back(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    with small_disk() as disk:
+        path = disk / "ledger.sqlite3"
+        ledger = Ledger(path, flush_interval_s=0.05, batch_size=50, spool_dir=tmp_path / "spool")
+        await ledger.start()
+        filler = fill(disk)
+        for n in range(1, 2001):  # more than the filled disk has room for
+            ledger.append(row(n))
+        await wait_for(lambda: not ledger.up and ledger.spooled > 0 and not ledger.pending)
+        assert "full" in caplog.text
+        filler.unlink()
+        assert await ledger.flush(timeout_s=30)
+        await ledger.close()
+        assert rows_in(path) == (2000, 2000)
+
+
+async def test_with_neither_database_nor_spool_rows_wait_in_memory_and_a_refusal_flood_evicts_none(
+    proxy: TcpProxy, postgres_url: str, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    blocked = tmp_path / "a-file"
+    blocked.write_text("")  # the spool's folder is a file: no spool can be made there
+    database = PostgresLedger(through(proxy, postgres_url), timeout_s=1.0)
+    ledger = Ledger(database, flush_interval_s=0.05, batch_size=20, spool_dir=blocked, max_pending_rows=100)
+    await ledger.start()
+    proxy.cut()
+    for n in range(1, 101):
+        ledger.append(row(n))
+    for n in range(1, 10_001):
+        ledger.append(refused(n))
+    await wait_for(lambda: ledger.spool_errors >= 1 and not ledger.up)
+    assert "cannot open the ledger spool" in caplog.text
+    assert ledger.rows_dropped_billable == 0 and ledger.refused.dropped == 0, "no billable row evicted"
+    for n in range(101, 301):  # past the billable bound (100 rows and a batch): the oldest go
+        ledger.append(row(n))
+    await wait_for(lambda: "billable (memory bound 100 rows), 0 refused-request rows" in caplog.text)
+    dropped = ledger.rows_dropped_billable
+    assert 300 - 100 - 20 <= dropped <= 300 - 100, "memory keeps the newest: 100 rows and a batch at most"
+    proxy.restore()
+    assert await ledger.flush(timeout_s=30)
+    await ledger.close()
+    with ledger.database.reading() as reader:
+        totals = reader.totals("route", 0.0)
+        reasons = reader.refusals(0.0)
+    assert sum(t.requests - t.refused for t in totals) == 300 - dropped, "the newest billable rows"
+    assert reasons == [("invalid_api_key", 10_000)], "every refusal counted"
+    assert count(postgres_url) == 300 - dropped + 10_000
+
+
+def test_refusals_past_their_bound_fold_into_a_row_that_counts_them() -> None:
+    rows = RefusedRows(individual_per_minute=3, max_rows=1_000, max_groups=2)
+    for n in range(10):
+        rows.add(refused(n))  # one minute, one reason and key: 3 rows, then one counting 7
+    rows.add(refused(10, key="team"))  # a group of its own
+    rows.add(refused(11, reason="model_not_found"))  # a third: uncounted per minute, its own row
+    taken = rows.take()
+    assert [r.request_count for r in taken] == [1, 1, 1, 1, 1, 7]
+    assert sum(r.request_count for r in taken) == 12 and rows.folded == 7 and rows.dropped == 0
+    assert not rows.take()
+    # Folded groups are bounded: with two groups folding, a third is dropped (and counted).
+    tight = RefusedRows(individual_per_minute=0, max_rows=1_000, max_groups=2)
+    for reason in ("a", "b", "c"):
+        tight.add(refused(1, reason=reason))
+    assert [r.error_type for r in tight.take()] == ["a", "b"] and tight.dropped == 1
+    # Rows of their own are bounded too: past max_rows they fold.
+    few = RefusedRows(individual_per_minute=100, max_rows=2)
+    for n in range(5):
+        few.add(refused(n))
+    assert [r.request_count for r in few.take()] == [1, 1, 3]
+
+
+def test_refusal_lines_are_a_few_a_minute_and_the_rest_are_counted(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    now = [0.0]
+    lines = RefusalLines(per_minute=2, clock=lambda: now[0])
+    log = logging.getLogger("test.refusals")
+    caplog.set_level(logging.INFO, logger="test.refusals")
+    allowed = [lines.allow("invalid_api_key", "-", log) for _ in range(5)]
+    assert allowed == [True, True, False, False, False]
+    assert lines.allow("model_not_found", "-", log), "each reason has its own allowance"
+    lines.summarize(log)
+    assert "more in that minute" not in caplog.text, "said once the minute is over"
+    now[0] = 60.0
+    lines.summarize(log)
+    assert "invalid_api_key (key -): 3 more in that minute, not logged one by one" in caplog.text
+    assert lines.allow("invalid_api_key", "-", log), "a new minute, a new allowance"
+    assert lines.allow("invalid_api_key", "-", log) and not lines.allow("invalid_api_key", "-", log)
+    lines.summarize(log, everything=True)  # at a stop
+    assert "invalid_api_key (key -): 1 more in that minute" in caplog.text
+
+
+def test_a_row_spooled_before_a_migration_is_written_with_the_new_columns_defaults(tmp_path: Path) -> None:
+    spool = Spool(tmp_path / "spool.sqlite3")
+    older = (*tuple(row(1))[:-1], "key-1")  # spooled before request_count existed
+    spool.add([older])
+    (back,) = spool.oldest(10)
+    current = upgraded(back)
+    assert len(current) == len(COLUMNS) and current[-1] == "key-1"
+    assert current[COLUMNS.index("request_count")] == 1
+    spool.remove([current])
+    assert spool.count() == 0
+    spool.close()
