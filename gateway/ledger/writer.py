@@ -202,12 +202,13 @@ class Ledger:
         self._started.set()
         try:
             self._count_spool()
+            busy = self.spooled > 0  # a spool a previous run left is written at once
             while not self._stopping:
-                busy = self._cycle()
-                self._cycles += 1
-                if not busy:
+                if not busy:  # a part batch waits for the interval (or for a full one)
                     self._wake.wait(self._flush_interval_s)
                     self._wake.clear()
+                busy = self._cycle()
+                self._cycles += 1
             self._drain_at_close()
         finally:
             self.database.close()
