@@ -52,6 +52,9 @@ from gateway.request.drain import Drain
 from gateway.request.observation import Attempt, Observation, Usage
 from gateway.request.waiting import WaitingRoom, retry_after_seconds
 from gateway.store import open_store
+from gateway.telemetry.collector import TraceExportCollector
+from gateway.telemetry.settings import telemetry_settings
+from gateway.telemetry.tracer import tracer_for
 
 log = logging.getLogger("gateway")
 
@@ -158,6 +161,11 @@ class Runtime:
         self.request_listeners: list[Callable[[Observation], None]] = []
         self.drain = Drain()  # a graceful stop in progress (``gateway serve`` on SIGTERM)
         self.in_flight = InFlight()  # completion requests being served, bounded by server.max_in_flight
+        # OpenTelemetry traces (gateway/telemetry): None, the default, when no OTLP endpoint is named.
+        self.tracer = tracer_for(telemetry_settings(self.policy.telemetry, os.environ), clock, wall_clock)
+        if self.tracer is not None:
+            self.probes.tracer = self.tracer
+            self.metrics.registry.register(TraceExportCollector(self.tracer.exporter))
 
     @property
     def policy(self) -> CompiledPolicy:
@@ -200,6 +208,8 @@ class Runtime:
         await self.budgets.close()
         await self.ledger.close()
         self.metrics.close()
+        if self.tracer is not None:  # what is queued goes out, within the export timeout, off the loop
+            await asyncio.to_thread(self.tracer.close)
 
     async def readiness(self) -> dict[str, Any]:
         """Ready when a policy is loaded, at least one of its backends is up, as the signal scraper and

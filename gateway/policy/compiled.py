@@ -31,6 +31,7 @@ from gateway.policy.schema import (
     Waiting,
     WhenInfeasible,
 )
+from gateway.policy.telemetry import Telemetry
 from gateway.policy.tuning import Tuning
 from gateway.request.auth import ApiKey
 
@@ -79,6 +80,7 @@ class CompiledBackend:
     family: str = ""  # the model it serves (its ``model`` unless the policy says otherwise)
     resume: ResumeStyle = "none"  # how it continues an answer another backend started
     forward_user: bool = False  # the client's identifying metadata goes to it (request/privacy.py)
+    trace_context: bool = False  # the W3C traceparent goes to it (gateway/telemetry)
     # Where mid-conversation system messages go; None: as its dialect's chat templates need
     # (gateway.backends.chat_shape knows the dialects).
     system_messages: SystemMessages | None = None
@@ -120,6 +122,7 @@ class CompiledRoute:
     # Candidates (indexes into ``backends``) that are replicas of one pool: same family, same price.
     # Cache affinity, guarded by load, decides among each group (policy/affinity.py).
     replica_groups: tuple[tuple[int, ...], ...] = ()
+    private: bool = False  # its prompts never go into a trace
 
 
 @dataclass(frozen=True, slots=True)
@@ -148,6 +151,7 @@ class CompiledPolicy:
     # Route aliases: exact ids to route names, and globs (longest first) with their route names.
     exact_aliases: Mapping[str, str] = field(default_factory=dict)
     glob_aliases: tuple[tuple[str, str], ...] = ()
+    telemetry: Telemetry = field(default_factory=Telemetry)  # read once at start-up
 
     def route_for(self, model: str) -> CompiledRoute | None:
         """The route a client's model id names: a route's own name, an exact alias, or the longest
