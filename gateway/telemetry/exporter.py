@@ -21,6 +21,7 @@ from gateway.telemetry.spans import AttributeValue, Span
 log = logging.getLogger("gateway")
 SCOPE = ("gateway.telemetry", "1")
 WARN_EVERY_S = 60.0
+CLOSE_WAIT_S = 5.0
 
 
 class Pending(Protocol):
@@ -60,11 +61,11 @@ class SpanExporter:
         if len(queue) == self._batch:
             self._wake.set()
 
-    def close(self, timeout_s: float | None = None) -> None:
-        """Export what is queued (within ``timeout_s``, default the export timeout), then stop."""
+    def close(self, timeout_s: float = CLOSE_WAIT_S) -> None:
+        """Export what is queued, waiting at most ``timeout_s`` (a hung receiver cannot hold a stop)."""
         self._stopping.set()
         self._wake.set()
-        self._thread.join(self._settings.export_timeout_s + 1.0 if timeout_s is None else timeout_s)
+        self._thread.join(timeout_s)
 
     @property
     def queued(self) -> int:
