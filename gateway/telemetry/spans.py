@@ -168,6 +168,8 @@ def request_spans(
         span.attributes["gateway.attempt"] = index + 1
         if attempt.resumed is not None and previous is not None:  # a takeover: linked to the cut attempt
             span.links.append(Link(ids.trace_id, previous.span_id, {"gateway.link": "resumes"}))
+            # Also as an attribute: some stores (Phoenix) keep no links.
+            span.attributes["gateway.resumes_span_id"] = previous.span_id.hex()
         spans.append(span)
         previous = span
     return spans

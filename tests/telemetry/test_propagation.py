@@ -14,10 +14,12 @@ from pathlib import Path
 import httpx
 import pytest
 
+from gateway.emulator import create_emulator_app
 from gateway.measure.probes import PROBE_PROMPT
-from tests.conftest import PAID_KEY, Gateway, Upstreams, policy_yaml, running_gateway
-from tests.servers import ThreadedServer
+from tests.conftest import PAID_KEY, TIME_SCALE, Gateway, Upstreams, policy_yaml, running_gateway
+from tests.servers import ThreadedServer, threaded_server
 from tests.telemetry.receiver import ReadSpan, Receiver, otlp_receiver
+from tests.test_resume import policy, set_faults
 
 CLIENT_TRACE = "4bf92f3577b34da6a3ce929d0e0e4736"
 CLIENT_SPAN = "00f067aa0ba902b7"
@@ -213,3 +215,33 @@ def test_prompts_go_into_spans_only_when_asked_and_never_for_a_private_route(
     (server_span,) = [s for s in spans if s.kind == KIND_SERVER]
     if expected:
         assert json.loads(server_span.attributes["gen_ai.input.messages"]) == HI
+
+
+def test_a_resumed_attempt_links_to_the_attempt_it_took_over(
+    upstreams: Upstreams,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    receiver: tuple[Receiver, ThreadedServer],
+) -> None:
+    sink, server = receiver
+    upstreams.reset()
+    monkeypatch.setenv("TEST_PAID_API_KEY", PAID_KEY)
+    with threaded_server(create_emulator_app("b300-vllm", time_scale=TIME_SCALE, seed=7)) as pool_b:
+        path = tmp_path / "policy.yaml"
+        path.write_text(policy(upstreams.vllm.url, pool_b.url, upstreams.paid.url) + telemetry_to(server))
+        set_faults(upstreams.vllm.url, reasoning_tokens=3, content_tokens=20, drop_after_chunks=10)
+        with running_gateway(path) as gateway:
+            body = {"model": "two-pools", "messages": HI, "stream": True}
+            headers = {"traceparent": CLIENT_TRACEPARENT}
+            response = httpx.post(
+                gateway.base_url + "/chat/completions", json=body, headers=headers, timeout=30
+            )
+            assert response.status_code == 200 and response.text.rstrip().endswith("[DONE]")
+    upstreams.reset()
+    spans = trace_of(sink, CLIENT_TRACE, 3)
+    cut, resumed = sorted(
+        (s for s in spans if s.kind == KIND_CLIENT), key=lambda s: s.attributes["gateway.attempt"]
+    )
+    assert cut.attributes["gateway.attempt.status"] == "dropped" and cut.status_code == 2  # ERROR
+    assert resumed.attributes["gateway.resumed"] == "continued"
+    assert resumed.links == [(CLIENT_TRACE, cut.span_id, {"gateway.link": "resumes"})]
