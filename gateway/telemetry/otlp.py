@@ -43,7 +43,11 @@ def _key(field: int, wire_type: int) -> bytes:
 
 
 def _len(field: int, payload: bytes) -> bytes:
-    return _key(field, 2) + _varint(len(payload)) + payload
+    size = len(payload)
+    return _LEN_TAGS[field] + (_SMALL[size] if size < 0x80 else _varint(size)) + payload
+
+
+_LEN_TAGS = [_key(field, 2) for field in range(16)]
 
 
 def _text(field: int, text: str) -> bytes:
@@ -64,20 +68,45 @@ def _any_value(value: AttributeValue) -> bytes:
 
 
 def attributes(field: int, values: Mapping[str, AttributeValue]) -> bytes:
-    # KeyValue: key 1, value 2. Attribute names repeat in every span: each is encoded once.
-    keys = _encoded_keys
+    # KeyValue: key 1, value 2. Names repeat in every span, and so do most text values (route, backend,
+    # model, status): each such whole KeyValue is encoded once and kept (boundedly); numbers each time.
+    pairs, names = _encoded_pairs, _encoded_names
     out = []
     for name, value in values.items():
-        key = keys.get(name)
+        if isinstance(value, (str, bool)) and name not in UNIQUE_VALUES:
+            pair = pairs.get((field, name, value))
+            if pair is None:
+                pair = _len(field, _text(1, name) + _len(2, _any_value(value)))
+                if len(pairs) < MAX_CACHED:
+                    pairs[field, name, value] = pair
+            out.append(pair)
+            continue
+        key = names.get(name)
         if key is None:
             key = _text(1, name)
-            if len(keys) < 4096:  # bounded, whatever names a policy or a client brings
-                keys[name] = key
-        out.append(_len(field, key + _len(2, _any_value(value))))
+            if len(names) < MAX_CACHED:
+                names[name] = key
+        if isinstance(value, int):
+            encoded = _INT_TAG + (_SMALL[value] if 0 <= value < 0x80 else _varint(value))
+        elif isinstance(value, float):
+            encoded = _DOUBLE_TAG + _double.pack(value)
+        else:
+            encoded = _any_value(value)
+        out.append(_len(field, key + _len(2, encoded)))
     return b"".join(out)
 
 
-_encoded_keys: dict[str, bytes] = {}
+_INT_TAG, _DOUBLE_TAG = _key(3, 0), _key(4, 1)
+_KIND_TAG, _START_TAG, _END_TAG = _key(6, 0), _key(7, 1), _key(8, 1)
+_SAMPLED_FLAGS = _key(16, 5) + _fixed32.pack(1)
+
+
+# Bounded, whatever names and values a policy or its clients bring (a request id is never a repeat:
+# the cache fills with them and then stops growing).
+MAX_CACHED = 8192
+UNIQUE_VALUES = frozenset({"gateway.request_id", "gateway.resumes_span_id", "gen_ai.input.messages"})
+_encoded_pairs: dict[tuple[int, str, AttributeValue], bytes] = {}
+_encoded_names: dict[str, bytes] = {}
 
 
 def span_bytes(span: Span) -> bytes:
@@ -90,9 +119,9 @@ def span_bytes(span: Span) -> bytes:
         out.append(_len(4, span.parent_span_id))
     out += [
         _text(5, span.name),
-        _key(6, 0) + _varint(span.kind),
-        _key(7, 1) + _fixed64.pack(span.start_ns),
-        _key(8, 1) + _fixed64.pack(max(span.end_ns, span.start_ns)),
+        _KIND_TAG + _SMALL[span.kind],
+        _START_TAG + _fixed64.pack(span.start_ns),
+        _END_TAG + _fixed64.pack(max(span.end_ns, span.start_ns)),
         attributes(9, span.attributes),
     ]
     for event in span.events:  # Event: time_unix_nano 1, name 2, attributes 3
@@ -105,7 +134,7 @@ def span_bytes(span: Span) -> bytes:
         out.append(_len(13, body + _key(6, 5) + _fixed32.pack(1)))
     if span.error is not None:  # Status: message 2, code 3
         out.append(_len(15, _text(2, span.error) + _key(3, 0) + _varint(STATUS_ERROR)))
-    out.append(_key(16, 5) + _fixed32.pack(1))  # the sampled flag: only sampled spans are exported
+    out.append(_SAMPLED_FLAGS)  # only sampled spans are exported
     return b"".join(out)
 
 

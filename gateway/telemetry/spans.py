@@ -14,6 +14,7 @@ open-telemetry/semantic-conventions, now kept in semantic-conventions-genai) whe
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
@@ -201,11 +202,7 @@ def attempt_span(
     if backend is not None:
         attrs["gen_ai.provider.name"] = PROVIDERS.get(backend.dialect, backend.dialect)
         attrs["gateway.dialect"] = backend.dialect
-        address = urlsplit(backend.base_url)
-        if address.hostname:
-            attrs["server.address"] = address.hostname
-        if address.port:
-            attrs["server.port"] = address.port
+        attrs.update(server_address(backend.base_url))
     _optional(attrs, "gen_ai.response.time_to_first_chunk", attempt.ttft_s)
     _optional(attrs, "gateway.first_answer_s", attempt.first_answer_s)
     _optional(attrs, "http.response.status_code", attempt.http_status)
@@ -217,6 +214,18 @@ def attempt_span(
         span.error = attempt.error or attempt.status
         attrs["error.type"] = attempt.status
     return span
+
+
+@functools.lru_cache(maxsize=1024)
+def server_address(base_url: str) -> dict[str, AttributeValue]:
+    """``server.address`` and ``server.port`` of a backend's URL (read once per URL)."""
+    url = urlsplit(base_url)
+    found: dict[str, AttributeValue] = {}
+    if url.hostname:
+        found["server.address"] = url.hostname
+    if url.port:
+        found["server.port"] = url.port
+    return found
 
 
 def decision_events(decision: Decision, time_ns: int) -> list[Event]:

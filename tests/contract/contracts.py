@@ -10,7 +10,17 @@ from typing import Any
 import yaml
 
 CONTRACTS = Path(__file__).resolve().parents[2] / "docs" / "contracts"
-SECTIONS = ("health", "metrics", "usage", "reasoning", "limits", "models", "errors_in_stream", "continuation")
+SECTIONS = (
+    "health",
+    "metrics",
+    "usage",
+    "reasoning",
+    "limits",
+    "models",
+    "errors_in_stream",
+    "continuation",
+    "tracing",
+)
 # path:line or path:first-last, under the engine's own package tree (vllm/, sglang/, llama.cpp/).
 CITATION = re.compile(r"^(vllm|sglang|llama\.cpp)/[\w./-]+\.(py|cpp|h):\d+(-\d+)?$")
 
