@@ -6,7 +6,6 @@ attributes, tokens and cost are checked against the ledger's row."""
 
 from __future__ import annotations
 
-import os
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -18,67 +17,24 @@ import pytest
 
 from gateway.emulator import create_emulator_app
 from tests.conftest import PAID_KEY, TIME_SCALE, Gateway, Upstreams, running_gateway
-from tests.servers import ProcessServer, ThreadedServer, free_port, threaded_server
+from tests.servers import ThreadedServer, threaded_server
 from tests.spend.conftest import ledger_rows
+from tests.telemetry.phoenix import SETUP, phoenix_python, running_phoenix
 from tests.test_resume import policy, set_faults, sse_events
 
 pytestmark = pytest.mark.slow
 
-SETUP = Path(__file__).parent / "setup_phoenix.sh"
 CLIENT_SPAN = "00f067aa0ba902b7"
 HELLO = [{"role": "user", "content": "Say hello"}]
-
-
-def phoenix_python() -> Path | None:
-    cache = Path(os.environ.get("GATEWAY_CACHE", Path.home() / ".cache" / "gateway"))
-    version = next(
-        line.split("=", 1)[1]
-        for line in SETUP.read_text().splitlines()
-        if line.startswith("PHOENIX_VERSION=")
-    )
-    venv = cache / f"phoenix-{version}"
-    return venv / "bin" / "python" if (venv / ".installed").is_file() else None
 
 
 @pytest.fixture(scope="module")
 def phoenix(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     python = phoenix_python()
     if python is None:
-        pytest.skip(f"Arize Phoenix is not installed: run `bash {SETUP.relative_to(Path.cwd())}`")
-    workdir = tmp_path_factory.mktemp("phoenix")
-    port = free_port()
-    env = {
-        "PHOENIX_WORKING_DIR": str(workdir),
-        "PHOENIX_HOST": "127.0.0.1",
-        "PHOENIX_PORT": str(port),
-        "PHOENIX_GRPC_PORT": str(free_port()),
-        "PHOENIX_TELEMETRY_ENABLED": "false",
-    }
-    server = ProcessServer(
-        [str(python), "-m", "phoenix.server.main", "serve"],
-        env=env,
-        log_path=str(workdir / "phoenix.log"),
-        cwd=str(workdir),
-    ).start()
-    url = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 180  # its first start migrates a fresh database
-        while True:
-            try:
-                if httpx.get(url + "/healthz", timeout=5).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            assert server.proc is not None and server.proc.poll() is None, (
-                workdir / "phoenix.log"
-            ).read_text()
-            assert time.monotonic() < deadline, (
-                "Phoenix did not start: " + (workdir / "phoenix.log").read_text()
-            )
-            time.sleep(0.25)
+        pytest.skip(f"Arize Phoenix is not installed: run `bash {SETUP}`")
+    with running_phoenix(python, tmp_path_factory.mktemp("phoenix")) as url:
         yield url
-    finally:
-        server.stop()
 
 
 @pytest.fixture(scope="module")
