@@ -188,11 +188,13 @@ class Exchange:
         features = RequestFeatures(route.name, client.prompt_tokens, client.max_tokens, client.stream)
         deadline = self.started_at + route.fallback.deadline_s
         began = self.runtime.clock()
-        decision = await self.runtime.wait_for_candidate(
-            self.policy, route, observation, features, deadline, client.keys
-        )
-        if self.trace is not None:
-            self.trace.waited(began, self.runtime.clock())
+        try:
+            decision = await self.runtime.wait_for_candidate(
+                self.policy, route, observation, features, deadline, client.keys
+            )
+        finally:  # a wait that ended in a 429 is in the trace too
+            if self.trace is not None:
+                self.trace.waited(began, self.runtime.clock())
         self.decision, self.order = decision, decision.order
         return decision.order
 

@@ -53,7 +53,10 @@ def parse_traceparent(value: str | None, trace_state: str | None) -> ParentConte
     if trace_id == bytes(16) or span_id == bytes(8) or trace_hex != trace_hex.lower():
         return None
     state = (trace_state or "").strip()
-    return ParentContext(trace_id, span_id, bool(flags & SAMPLED), state if len(state) <= 512 else "")
+    # Passed on to engines in a header of our own writing: printable ASCII only, and bounded (W3C: 512).
+    if len(state) > 512 or not (state.isascii() and state.isprintable()):
+        state = ""
+    return ParentContext(trace_id, span_id, bool(flags & SAMPLED), state)
 
 
 def traceparent(trace_id: bytes, span_id: bytes, sampled: bool) -> str:

@@ -82,3 +82,43 @@ def test_the_trace_context_goes_to_self_hosted_engines_by_default() -> None:
     assert traced("vllm", None) and traced("sglang", None) and traced("llamacpp", None)
     assert not traced("openai", None) and not traced("litellm", None)
     assert traced("openai", True) and not traced("vllm", False)
+
+
+def test_a_tracestate_that_is_not_printable_ascii_is_not_passed_on() -> None:
+    for state in ("a=b\r\nx-injected: 1", "a=é", "k=" + "v" * 600):
+        parent = parse_traceparent(f"00-{TRACE}-{SPAN}-01", state)
+        assert parent is not None and parent.trace_state == ""
+
+
+def test_a_settled_request_as_spans_with_its_queue_and_a_resume_link() -> None:
+    from gateway.request.observation import Attempt, Observation, Usage
+    from gateway.telemetry.otlp import export_request
+    from gateway.telemetry.spans import KIND_CLIENT, KIND_INTERNAL, KIND_SERVER, TraceIds, request_spans
+    from tests.telemetry.receiver import spans_of
+
+    cut = Attempt("pool-a", 10.0, status="dropped", finished_at=10.5, usage=Usage(100, 9, 3))
+    resumed = Attempt("pool-b", 10.5, finished_at=11.0, usage=Usage(120, 20, 0, 64), resumed="continued")
+    observation = Observation("r1", "two-pools", "chat", True, 9.0, attempts=[cut, resumed], finished_at=11.0)
+    observation.queued_s = 0.75
+    ids = TraceIds(bytes.fromhex(TRACE), bytes(7) + b"\x01", bytes.fromhex(SPAN), "", 1000.0)
+    ids.queued.append((9.1, 9.85))
+    spans = spans_of(
+        export_request({"service.name": "t"}, ("s", "1"), request_spans(ids, observation, None, {}, None))
+    )
+    server, queue, first, second = spans
+    assert (server.kind, queue.kind, first.kind, second.kind) == (
+        KIND_SERVER,
+        KIND_INTERNAL,
+        KIND_CLIENT,
+        KIND_CLIENT,
+    )
+    assert server.parent_span_id == SPAN and {queue.parent_span_id, first.parent_span_id} == {server.span_id}
+    assert abs(queue.start_ns - 1_009_100_000_000) < 1000 and abs(queue.end_ns - 1_009_850_000_000) < 1000
+    assert (
+        server.attributes["gen_ai.usage.input_tokens"] == 220
+        and server.attributes["gateway.queued_s"] == 0.75
+    )
+    assert server.attributes["gen_ai.usage.reasoning.output_tokens"] == 3
+    assert second.attributes["gen_ai.usage.cache_read.input_tokens"] == 64
+    assert first.status_code == 2 and first.attributes["error.type"] == "dropped"
+    assert second.links == [(TRACE, first.span_id, {"gateway.link": "resumes"})]
