@@ -245,3 +245,22 @@ def test_a_resumed_attempt_links_to_the_attempt_it_took_over(
     assert cut.attributes["gateway.attempt.status"] == "dropped" and cut.status_code == 2  # ERROR
     assert resumed.attributes["gateway.resumed"] == "continued"
     assert resumed.links == [(CLIENT_TRACE, cut.span_id, {"gateway.link": "resumes"})]
+
+
+def test_each_probe_is_a_trace_of_its_own(
+    upstreams: Upstreams,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    receiver: tuple[Receiver, ThreadedServer],
+) -> None:
+    sink, server = receiver
+    upstreams.reset()
+    monkeypatch.setenv("TEST_PAID_API_KEY", PAID_KEY)
+    path = tmp_path / "policy.yaml"
+    path.write_text(policy_yaml(upstreams) + telemetry_to(server))  # start-up probes on
+    with running_gateway(path):
+        spans = sink.wait_for(lambda found: {s.name for s in found} >= {"probe b300-vllm", "probe paid-api"})
+    upstreams.reset()
+    probes = [s for s in spans if s.attributes.get("gateway.probe")]
+    assert probes and all(s.parent_span_id == "" and s.kind == KIND_CLIENT for s in probes)
+    assert len({s.trace_id for s in probes}) == len(probes), "one trace per probe"
