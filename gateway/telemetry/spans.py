@@ -258,14 +258,23 @@ def decision_events(decision: Decision, time_ns: int) -> list[Event]:
 
 
 def _usage(attrs: dict[str, AttributeValue], attempts: Sequence[Attempt]) -> None:
-    used = [a.usage for a in attempts if a.usage is not None]
-    if not used:
-        return
-    attrs["gen_ai.usage.input_tokens"] = sum(u.prompt_tokens for u in used)
-    attrs["gen_ai.usage.output_tokens"] = sum(u.completion_tokens for u in used)
-    attrs["gen_ai.usage.cache_read.input_tokens"] = sum(u.cached_prompt_tokens for u in used)
-    attrs["gen_ai.usage.reasoning.output_tokens"] = sum(u.reasoning_tokens for u in used)
-    attrs["gateway.usage_source"] = "counted" if any(u.source == "counted" for u in used) else "reported"
+    prompt = completion = cached = reasoning = 0
+    counted = found = False
+    for attempt in attempts:  # one pass: this runs for every span of every traced request
+        usage = attempt.usage
+        if usage is not None:
+            found = True
+            prompt += usage.prompt_tokens
+            completion += usage.completion_tokens
+            cached += usage.cached_prompt_tokens
+            reasoning += usage.reasoning_tokens
+            counted = counted or usage.source == "counted"
+    if found:
+        attrs["gen_ai.usage.input_tokens"] = prompt
+        attrs["gen_ai.usage.output_tokens"] = completion
+        attrs["gen_ai.usage.cache_read.input_tokens"] = cached
+        attrs["gen_ai.usage.reasoning.output_tokens"] = reasoning
+        attrs["gateway.usage_source"] = "counted" if counted else "reported"
 
 
 def _optional(attrs: dict[str, AttributeValue], name: str, value: AttributeValue | None) -> None:
