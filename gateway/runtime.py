@@ -52,9 +52,7 @@ from gateway.request.drain import Drain
 from gateway.request.observation import Attempt, Observation, Usage
 from gateway.request.waiting import WaitingRoom, retry_after_seconds
 from gateway.store import open_store
-from gateway.telemetry.collector import TraceExportCollector
-from gateway.telemetry.settings import telemetry_settings
-from gateway.telemetry.tracer import tracer_for
+from gateway.telemetry.tracer import start_tracing
 
 log = logging.getLogger("gateway")
 
@@ -162,10 +160,9 @@ class Runtime:
         self.drain = Drain()  # a graceful stop in progress (``gateway serve`` on SIGTERM)
         self.in_flight = InFlight()  # completion requests being served, bounded by server.max_in_flight
         # OpenTelemetry traces (gateway/telemetry): None, the default, when no OTLP endpoint is named.
-        self.tracer = tracer_for(telemetry_settings(self.policy.telemetry, os.environ), clock, wall_clock)
-        if self.tracer is not None:
-            self.probes.tracer = self.tracer
-            self.metrics.registry.register(TraceExportCollector(self.tracer.exporter))
+        self.tracer = self.probes.tracer = start_tracing(
+            self.policy.telemetry, clock, wall_clock, self.metrics.registry
+        )
 
     @property
     def policy(self) -> CompiledPolicy:

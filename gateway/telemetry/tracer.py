@@ -16,15 +16,19 @@ import orjson
 
 from gateway.backends.base import UpstreamCall
 from gateway.request.observation import Attempt, Observation
+from gateway.telemetry.collector import TraceExportCollector
 from gateway.telemetry.context import ParentContext, new_span_id, new_trace_id, parse_traceparent, traceparent
 from gateway.telemetry.exporter import SpanExporter
-from gateway.telemetry.settings import TelemetrySettings
+from gateway.telemetry.settings import TelemetrySettings, telemetry_settings
 from gateway.telemetry.spans import Span, TraceIds, attempt_span, request_spans
 from gateway.version import gateway_version
 
 if TYPE_CHECKING:
+    from prometheus_client import CollectorRegistry
+
     from gateway.policy.compiled import CompiledBackend, CompiledPolicy
     from gateway.policy.decide import Decision
+    from gateway.policy.telemetry import Telemetry
 
 # The fields a door's payload holds its prompt in: chat messages, a completion's prompt, Responses input.
 PROMPT_FIELDS = ("messages", "prompt", "input")
@@ -178,7 +182,17 @@ class PendingProbe:
         return [span]
 
 
-def tracer_for(
-    settings: TelemetrySettings | None, clock: Callable[[], float], wall_clock: Callable[[], float]
+def start_tracing(
+    policy: Telemetry,
+    clock: Callable[[], float],
+    wall_clock: Callable[[], float],
+    registry: CollectorRegistry,
 ) -> Tracer | None:
-    return None if settings is None else Tracer(settings, clock, wall_clock)
+    """The runtime's tracer from the policy and the ``OTEL_*`` environment, its exporter's counts in the
+    metrics; None (tracing off) when no endpoint is named."""
+    settings = telemetry_settings(policy, os.environ)
+    if settings is None:
+        return None
+    tracer = Tracer(settings, clock, wall_clock)
+    registry.register(TraceExportCollector(tracer.exporter))
+    return tracer
