@@ -188,6 +188,14 @@ def goals(results: dict[str, Any]) -> list[tuple[str, str, bool | None]]:
     out.append(
         (f"memory flat over {_fmt(n, 0)} requests (growth <= 5 MB or 5%)", f"{_fmt(growth, 1)} MB", flat)
     )
+    tracing = results.get("tracing")
+    if isinstance(tracing, dict):  # issue 37: OpenTelemetry tracing on at 100% sampling (bench.tracing)
+        for label, key in (("streamed", "cpu_ms_per_stream"), ("whole", "cpu_ms_per_req")):
+            r = (tracing.get(key) or {}).get("ratio")
+            out.append(
+                (f"CPU per {label} request with tracing on (100% sampled) <= 1.10x off", _fmt(r, 3),
+                 None if r is None else r <= 1.10)
+            )  # fmt: skip
     scaling = results.get("scaling")
     if isinstance(scaling, dict):
         g = scaling.get("goal", {})

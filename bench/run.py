@@ -159,6 +159,9 @@ async def run(args: argparse.Namespace, say: Progress) -> dict[str, Any]:
             proc.stop()
         say("== routing decision microbenchmark (50 backends, live stats, core 0)")
         results["decision"] = await decision(5_000 if args.quick else 20_000, out_dir, notes)
+        if not args.skip_tracing:
+            say("== tracing off vs on, 100% sampled, alternated rounds (python -m bench.tracing, core 0)")
+            results["tracing"] = await tracing(args.quick, out_dir / "tracing", notes)
         if not args.skip_scaling:
             say("== gateway serve --workers 2 against one worker, with Redis (python -m bench.scaling)")
             results["scaling"] = await scaling(args.quick, out_dir / "scaling", notes)
@@ -179,6 +182,22 @@ async def decision(iterations: int, out_dir: Path, notes: list[str]) -> dict[str
     text, _ = await child.communicate()
     if child.returncode != 0 or not path.exists():
         notes.append("decision microbenchmark failed: " + text.decode(errors="replace")[-300:])
+        return None
+    result: dict[str, Any] = json.loads(path.read_text())
+    return result
+
+
+async def tracing(quick: bool, out_dir: Path, notes: list[str]) -> dict[str, Any] | None:
+    """bench.tracing in a process of its own: the gateway's CPU per request with OpenTelemetry tracing
+    off and on (every request sampled), in alternated rounds; it prints the ratio."""
+    argv = [sys.executable, "-m", "bench.tracing", "--out", str(out_dir), "--rounds", "2" if quick else "4"]
+    child = await asyncio.create_subprocess_exec(
+        *argv, *(["--quick"] if quick else []), env={**os.environ, "PYTHONPATH": str(servers.REPO)},
+    )  # fmt: skip
+    await child.wait()  # its rounds and its ratio go to our stdout as they come
+    path = out_dir / "tracing.json"
+    if child.returncode != 0 or not path.exists():
+        notes.append(f"bench.tracing did not run (exit {child.returncode}): see its output above")
         return None
     result: dict[str, Any] = json.loads(path.read_text())
     return result
@@ -220,6 +239,11 @@ def main(argv: list[str] | None = None) -> int:
         "--skip-scaling",
         action="store_true",
         help="do not run bench.scaling (--workers 2 against one worker, and the fleet-wide shared state)",
+    )
+    parser.add_argument(
+        "--skip-tracing",
+        action="store_true",
+        help="do not run bench.tracing (the gateway's CPU per request with tracing off and on)",
     )
     parser.add_argument("--requests", type=int, default=None, help="requests in the memory run (100k full)")
     parser.add_argument(

@@ -73,6 +73,9 @@ if ! $fast; then
   step "real llama.cpp upstream (llama-server, built once from source and cached, + Gemma 3 270M GGUF)"
   bash tests/real/setup_llamacpp.sh
 
+  step "Arize Phoenix, the trace store tests/telemetry exports to (its own cached venv, pinned)"
+  bash tests/telemetry/setup_phoenix.sh >/dev/null
+
   step "agent clients: Codex CLI (npm @openai/codex, pinned, cached like llama-server)"
   bash tests/clients/setup_codex.sh >/dev/null
   step "real agent clients (Claude Code from npm, pinned, cached outside the repo)"

@@ -32,6 +32,8 @@ class UpstreamCall:
     # The wait for the answer's head: a stream's comes with its first token at the latest,
     # a whole answer's only once it is complete.
     wait_s: float
+    # Header lines (each ending CRLF) for this call alone: the W3C trace context (gateway/telemetry).
+    trace_headers: bytes = b""
 
 
 @dataclass(frozen=True, slots=True)

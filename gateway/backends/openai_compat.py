@@ -30,6 +30,7 @@ STATUS_BODY_WAIT_S = 5.0  # how long a refusal's body may take to arrive (its me
 REDIRECT_STATUSES = frozenset({301, 302, 303, 307, 308})
 MAX_REDIRECTS = 5  # a GET follows this many (vLLM's /metrics answers 307 to /metrics/ on some versions)
 GET_HEADERS = {"accept": "*/*", "accept-encoding": "gzip, deflate"}
+CONTENT_LENGTH = b"content-length: "  # how a prebuilt POST head ends (wire_origin.Origin.head)
 
 
 class OpenAICompatUpstream:
@@ -115,6 +116,11 @@ class _Prepared:
             head = self.heads[path] = self.origin.head(path, self.headers)
         return head
 
+    def traced_head(self, call: UpstreamCall) -> bytes:
+        """The path's head with the call's own header lines before its closing content-length."""
+        head = self.head(call.path)
+        return head[: -len(CONTENT_LENGTH)] + call.trace_headers + CONTENT_LENGTH
+
 
 def origin_of(backend: CompiledBackend, environ: Mapping[str, str]) -> Origin:
     """Where a backend's calls go: with its TLS context, through the environment's proxy unless the
@@ -152,7 +158,7 @@ class OpenAICompatClient:
             async with asyncio.timeout(call.wait_s):
                 response = await self._wire.post(
                     prepared.origin,
-                    prepared.head(call.path),
+                    prepared.head(call.path) if not call.trace_headers else prepared.traced_head(call),
                     call.body,
                     prepared.connect_s,
                     prepared.max_connections,

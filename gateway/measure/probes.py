@@ -31,6 +31,7 @@ if TYPE_CHECKING:
     from gateway.ledger import Ledger
     from gateway.measure.fleet import Fleet
     from gateway.measure.stats import LiveStats
+    from gateway.telemetry.tracer import Tracer
 
 log = logging.getLogger("gateway.probes")
 
@@ -59,6 +60,7 @@ class Prober:
         self._inflight: dict[str, asyncio.Task[None]] = {}
         self._ids = itertools.count(1)
         self.sent: Counter[tuple[str, str]] = Counter()  # (backend, outcome) for metrics
+        self.tracer: Tracer | None = None  # each probe a trace of its own, when tracing is on
 
     def set_backends(self, backends: Mapping[str, CompiledBackend]) -> None:
         """Follow a (re)loaded policy: backends it adds are probed once."""
@@ -191,3 +193,5 @@ class Prober:
                 self._plan.paid(self._clock(), cost.usd)
         started_wall = self._wall_clock() - (self._clock() - attempt.started_at)
         self._ledger.append_probe(row_of(observation, started_wall, backend.model, None))
+        if self.tracer is not None:
+            self.tracer.probe(observation, backend)

@@ -32,6 +32,7 @@ from gateway.policy.schema import (
     Waiting,
     WhenInfeasible,
 )
+from gateway.policy.telemetry import Telemetry
 from gateway.policy.tuning import Tuning
 from gateway.values.auth import ApiKey
 
@@ -80,6 +81,7 @@ class CompiledBackend:
     family: str = ""  # the model it serves (its ``model`` unless the policy says otherwise)
     resume: ResumeStyle = "none"  # how it continues an answer another backend started
     forward_user: bool = False  # the client's identifying metadata goes to it (request/privacy.py)
+    trace_context: bool = False  # the W3C traceparent goes to it (gateway/telemetry)
     # Where mid-conversation system messages go; None: as its dialect's chat templates need
     # (gateway.backends.chat_shape knows the dialects).
     system_messages: SystemMessages | None = None
@@ -121,6 +123,7 @@ class CompiledRoute:
     # Candidates (indexes into ``backends``) that are replicas of one pool: same family, same price.
     # Cache affinity, guarded by load, decides among each group (policy/affinity.py).
     replica_groups: tuple[tuple[int, ...], ...] = ()
+    private: bool = False  # its prompts never go into a trace
 
 
 @dataclass(frozen=True, slots=True)
@@ -151,6 +154,7 @@ class CompiledPolicy:
     glob_aliases: tuple[tuple[str, str], ...] = ()
     # Who shares the prefix caches: each request's scope by route and key (policy/cache_scope.py).
     cache_scopes: CacheScopes = field(default_factory=CacheScopes)
+    telemetry: Telemetry = field(default_factory=Telemetry)  # read once at start-up
 
     def route_for(self, model: str) -> CompiledRoute | None:
         """The route a client's model id names: a route's own name, an exact alias, or the longest

@@ -38,6 +38,7 @@ from gateway.policy.document import (
 )
 from gateway.policy.prices import BackendProblem, backend_prices, probe_cost, require_litellm
 from gateway.policy.reach import ReachProblem, api_key, clean, tls_context
+from gateway.policy.telemetry import traced
 from gateway.policy.tuning import Tuning
 
 __all__ = ["PolicyError", "PolicyFileUnreadable", "Problem", "compile_policy_bytes", "load_policy"]
@@ -142,6 +143,7 @@ def _compile(text: str, source: str, digest: str, environ: Env) -> CompiledPolic
         exact_aliases=types.MappingProxyType(exact_aliases),
         glob_aliases=glob_aliases,
         cache_scopes=compile_cache_scopes(raw),
+        telemetry=raw.telemetry,
     )
 
 
@@ -206,6 +208,7 @@ def _compile_backend(
         family=backend.family or backend.model,
         resume=backend.resume or DEFAULT_RESUME.get(backend.dialect, "none"),
         forward_user=backend.forward_user,
+        trace_context=traced(backend.dialect, backend.trace_context),
         system_messages=backend.system_messages,
         tls=None if backend.tls is None else tls_context(backend.tls, base_dir),
         trust_env=backend.trust_env,
@@ -263,4 +266,5 @@ def _compile_route(name: str, r: schema.Route, backends: Mapping[str, CompiledBa
         resume_streams=resume_streams,
         aliases=tuple(r.aliases),
         replica_groups=replica_groups(tuple(r.backends), backends),
+        private=r.private,
     )

@@ -12,6 +12,7 @@ from typing import Annotated, Literal
 from pydantic import Field, model_validator
 
 from gateway.policy.strict import NonNegativeFloat, PositiveFloat, Strict
+from gateway.policy.telemetry import Telemetry
 from gateway.policy.tuning import Tuning
 
 Dialect = Literal["vllm", "llamacpp", "openai", "sglang", "litellm"]
@@ -178,6 +179,9 @@ class Backend(Strict):
     # ``metadata``, Codex ``client_metadata``, Anthropic ``metadata.user_id``) goes to this backend.
     # Off by default, so no paid API learns who uses it unless the policy says so here.
     forward_user: bool = False
+    # Tracing: whether the W3C traceparent/tracestate go to it, so the engine's own spans join the
+    # gateway's trace. Default: on for vllm, sglang and llamacpp (self-hosted), off for a paid API.
+    trace_context: bool | None = None
     # Mid-conversation system messages: default by dialect (leading for llamacpp and litellm).
     system_messages: SystemMessages | None = None
     # How the gateway reaches it (the wire client; not for dialect litellm, which has its own client).
@@ -256,6 +260,8 @@ class Route(Strict):
     aliases: list[RouteAlias] = []
     # Who shares the prefix cache on this route (PrefixSharing); unset: per key when keys share it.
     prefix_cache: PrefixSharing | None = None
+    # Its prompts never go into a trace, whatever ``telemetry.content`` says.
+    private: bool = False
 
 
 class Server(Strict):
@@ -383,3 +389,4 @@ class PolicyFile(Strict):
     auth: Auth = Auth()
     store: StoreSettings = StoreSettings()
     tuning: Tuning = Tuning()
+    telemetry: Telemetry = Telemetry()

@@ -25,6 +25,7 @@ if TYPE_CHECKING:
     from gateway.money.budgets import Reservation
     from gateway.money.ratelimit import HeldTokens
     from gateway.runtime import Runtime
+    from gateway.telemetry.tracer import RequestTrace
 
 Receive = Callable[[], Awaitable[MutableMapping[str, Any]]]
 
@@ -53,6 +54,7 @@ class Exchange:
         "started_at",
         "stopped",
         "tokens",
+        "trace",
     )
 
     def __init__(self, runtime: Runtime, door: Door, request_id: str) -> None:
@@ -75,6 +77,7 @@ class Exchange:
         self.answering = False  # its answer is going out: a graceful stop now ends it through its upstream
         self.stopped = False  # a graceful stop's grace ran out before this request's answer began
         self.settled = False
+        self.trace: RequestTrace | None = None  # its OpenTelemetry trace, when tracing is on and sampled
         self._current: tuple[Attempt, AttemptTicket] | None = None
         self._upstream: Upstream | None = None  # the attempt in flight's open answer
         self._watcher: asyncio.Task[None] | None = None
@@ -122,6 +125,8 @@ class Exchange:
 
     async def open(self, call: UpstreamCall) -> Upstream:
         """Send the attempt in flight to its backend; its answer is closed when the attempt ends."""
+        if self.trace is not None and self.observation is not None:
+            call = self.trace.upstream(call, len(self.observation.attempts) - 1)
         upstream = await self.runtime.backends.client_for(call.backend).open(call)
         self._upstream = upstream
         return upstream
@@ -182,9 +187,14 @@ class Exchange:
         route = client.route
         features = RequestFeatures(route.name, client.prompt_tokens, client.max_tokens, client.stream)
         deadline = self.started_at + route.fallback.deadline_s
-        decision = await self.runtime.wait_for_candidate(
-            self.policy, route, observation, features, deadline, client.keys
-        )
+        began = self.runtime.clock()
+        try:
+            decision = await self.runtime.wait_for_candidate(
+                self.policy, route, observation, features, deadline, client.keys
+            )
+        finally:  # a wait that ended in a 429 is in the trace too
+            if self.trace is not None:
+                self.trace.waited(began, self.runtime.clock())
         self.decision, self.order = decision, decision.order
         return decision.order
 
@@ -229,3 +239,5 @@ class Exchange:
         self.runtime.settle(
             self.policy, observation, self.budget, self.tokens, client.keys if client else NO_KEYS
         )
+        if self.trace is not None:
+            self.trace.finish(observation, self.decision, client.payload if client else None, self.policy)

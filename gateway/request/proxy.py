@@ -58,6 +58,10 @@ async def serve(runtime: Runtime, door: Door, scope: Scope, receive: Receive, se
         return
     request = Request(scope, receive)
     exchange = Exchange(runtime, door, request_id(request.headers, runtime))
+    if runtime.tracer is not None:  # off by default: this check is all tracing costs then
+        exchange.trace = runtime.tracer.begin(
+            request.headers.get("traceparent"), request.headers.get("tracestate")
+        )
     drain = runtime.drain  # a graceful stop waits for every request in flight, then ends the rest
     drain.opened(exchange)
     try:

@@ -49,6 +49,7 @@ from gateway.runtime.drain import Drain
 from gateway.runtime.stopping import CLOSE_BUDGET_S, Stage, cancel_tasks, close_in_stages
 from gateway.runtime.waiting import WaitingRoom, retry_after_seconds
 from gateway.store import open_store
+from gateway.telemetry.tracer import start_tracing
 from gateway.values.auth import ApiKey, AuthenticationFailed, PermissionDenied, authenticate
 from gateway.values.observation import Attempt, Observation
 
@@ -160,6 +161,10 @@ class Runtime(Books):
         self.request_listeners: list[Callable[[Observation], None]] = []
         self.drain = Drain()  # a graceful stop in progress (``gateway serve`` on SIGTERM)
         self.in_flight = InFlight()  # completion requests being served, bounded by server.max_in_flight
+        # OpenTelemetry traces (gateway/telemetry): None, the default, when no OTLP endpoint is named.
+        self.tracer = self.probes.tracer = start_tracing(
+            self.policy.telemetry, clock, wall_clock, self.metrics.registry
+        )
 
     @property
     def policy(self) -> CompiledPolicy:
@@ -198,6 +203,10 @@ class Runtime(Books):
         async def metrics() -> None:
             self.metrics.close()
 
+        async def exporter() -> None:  # what is queued goes out, within the export timeout, off the loop
+            if self.tracer is not None:
+                await asyncio.to_thread(self.tracer.close)
+
         await close_in_stages([
             Stage("background tasks (policy watch, fleet sync, ledger view)", background, 1.0),
             Stage("probes", self.probes.close, 1.0),
@@ -207,6 +216,7 @@ class Runtime(Books):
             # Last: uvicorn has already drained in-flight requests, so every row is in the queue by now.
             Stage("ledger flush", self.ledger.close, CLOSE_BUDGET_S, self._rows_unwritten),
             Stage("metrics", metrics, 1.0),
+            Stage("trace exporter", exporter, 3.0),
         ])  # fmt: skip
 
     def _rows_unwritten(self) -> str:

@@ -20,6 +20,7 @@ SECTIONS = (
     "errors_in_stream",
     "continuation",
     "prefix_cache",
+    "tracing",
 )
 # path:line or path:first-last, under the engine's own package tree (vllm/, sglang/, llama.cpp/).
 CITATION = re.compile(r"^(vllm|sglang|llama\.cpp)/[\w./-]+\.(py|cpp|h):\d+(-\d+)?$")

@@ -121,6 +121,7 @@ def test_json_schema_describes_the_policy_file() -> None:
         "auth",
         "store",
         "tuning",
+        "telemetry",
     }
     assert schema["additionalProperties"] is False
     assert json.loads(render_policy_json_schema()) == schema

@@ -13,7 +13,7 @@ SOURCE = "policies/x.yaml"
 BACKEND_KEYS = (
     "api_key_env, context_window, dialect, expected_ttft_ms, family, forward_user, max_concurrency, "
     "max_connections, model, prefix_cache, pricing, resume, scaling, signals, system_messages, thinking, "
-    "timeouts, tls, trust_env, url"
+    "timeouts, tls, trace_context, trust_env, url"
 )
 
 

@@ -1,0 +1,11 @@
+"""OpenTelemetry traces of every request, attempt and probe, exported over OTLP/HTTP off the request path.
+
+Off by default: ``Runtime.tracer`` is then None and the request path's only cost is that check. On
+(``telemetry.otlp_endpoint`` or ``OTEL_EXPORTER_OTLP_ENDPOINT``), a request gets a ``RequestTrace`` at
+arrival (``tracer``: the client's W3C traceparent continued, the sampling decided), each attempt's call
+carries a traceparent to a self-hosted engine (``UpstreamCall.trace_headers``), and the settled request
+is queued whole; a thread of the exporter (``exporter``) turns it into spans (``spans``, GenAI semantic
+conventions), encodes them as OTLP protobuf (``otlp``) and posts them in batches. A queue that is full,
+or an exporter that is down or slow, drops spans and counts them (``collector``); it never delays a
+request.
+"""
