@@ -42,7 +42,8 @@ class DecayedSamples:
         if base is None or (at - base) / self._half_life_s > self.REBASE:
             self._rebase(at)
             base = at
-        return 2.0 ** ((at - base) / self._half_life_s)
+        weight: float = 2.0 ** ((at - base) / self._half_life_s)
+        return weight
 
     def _rebase(self, at: float) -> None:
         self._base = at

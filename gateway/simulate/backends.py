@@ -69,7 +69,10 @@ class BackendModel:
         self.rng = rng
         self.sink = sink
         self.running: set[Job] = set()  # seated: prefilling or decoding (both count for batching)
-        self.waiting: deque[Job] = deque()
+        # The FIFO queue for a seat. A job cancelled while queued stays in it, marked, and is skipped
+        # when it reaches the head (a removal from the middle would cost the queue's length).
+        self._queue: deque[Job] = deque()
+        self.waiting = 0  # jobs queued and not cancelled
         self._decoding: list[tuple[float, int, Job]] = []
         self._seq = itertools.count()
         self._progress = 0.0
@@ -108,14 +111,17 @@ class BackendModel:
             self._occupy(job)
         else:
             job.state = "waiting"
-            self.waiting.append(job)
+            self._queue.append(job)
+            self.waiting += 1
 
     def cancel(self, job: Job) -> None:
         """The client (the gateway's timeout) hung up: free its seat or its place in the queue."""
         state = job.state
         job.state = "cancelled"
         if state == "waiting":
-            self.waiting.remove(job)
+            self.waiting -= 1
+            if len(self._queue) > 2 * self.waiting + 64:  # mostly cancelled: drop them in one pass
+                self._queue = deque(j for j in self._queue if j.state == "waiting")
         elif state in ("prefill", "decode"):
             self._leave(job)
 
@@ -142,8 +148,9 @@ class BackendModel:
 
     def fail_everything(self, kind: FailureKind) -> None:
         """The server died or restarted: every request it held ends now."""
-        held = [*self.waiting, *self.running]
-        self.waiting.clear()
+        held = [*(j for j in self._queue if j.state == "waiting"), *self.running]
+        self._queue.clear()
+        self.waiting = 0
         self.running.clear()
         self._decoding.clear()
         self._reschedule()
@@ -227,5 +234,9 @@ class BackendModel:
         self._reschedule()
 
     def _seat_waiting(self) -> None:
+        queue = self._queue
         while self.waiting and self._has_free_seat():
-            self._occupy(self.waiting.popleft())
+            job = queue.popleft()
+            if job.state == "waiting":  # else cancelled while it queued
+                self.waiting -= 1
+                self._occupy(job)
