@@ -27,9 +27,9 @@ FailureKind = Literal["connect_error", "upstream_error", "dropped"]
 class Job:
     """One attempt on one backend; ``owner`` is whatever the engine hangs on it."""
 
-    __slots__ = ("added_ttft_s", "admitted_at", "cached_tokens", "first_token_at", "http_status",
-                 "output_tokens", "owner", "prompt_tokens", "shape", "state", "submitted_at",
-                 "target")  # fmt: skip
+    __slots__ = ("added_ttft_s", "admitted_at", "cached_tokens", "first_token_at", "generated_tokens",
+                 "http_status", "output_tokens", "owner", "prompt_tokens", "reasoning_tokens", "shape",
+                 "state", "submitted_at", "target")  # fmt: skip
 
     def __init__(
         self, prompt_tokens: int, output_tokens: int, owner: Any, shape: PromptShape | None = None
@@ -46,6 +46,8 @@ class Job:
         self.target = 0.0  # the progress at which its last token is out
         self.http_status: int | None = None
         self.added_ttft_s = 0.0  # a slow spell's delay, fixed when it arrives (as the emulator does)
+        self.generated_tokens = 0  # made before a fault cut it (a cut stream's, for its resume)
+        self.reasoning_tokens = 0  # of ``output_tokens``, thinking (the engine's to set)
 
 
 class JobSink(Protocol):
@@ -148,7 +150,12 @@ class BackendModel:
 
     def fail_everything(self, kind: FailureKind) -> None:
         """The server died or restarted: every request it held ends now."""
+        progress = self._advance()
         held = [*(j for j in self._queue if j.state == "waiting"), *self.running]
+        for job in self.running:
+            if job.state == "decode":  # the first token, and what decoded since
+                made = job.output_tokens - (job.target - progress)
+                job.generated_tokens = max(1, min(job.output_tokens, int(made)))
         self._queue.clear()
         self.waiting = 0
         self.running.clear()
