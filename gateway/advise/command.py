@@ -4,12 +4,16 @@ the plan search, print the table, the schedule and the limits; write ``advice.js
 from __future__ import annotations
 
 import argparse
+import contextlib
 import sys
 import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import orjson
 
+from gateway.advise.judging import cores
+from gateway.advise.plans import PlanResult
 from gateway.advise.schedule import DAY_S
 from gateway.advise.search import advise
 from gateway.advise.traffic import hourly_traffic
@@ -48,11 +52,17 @@ def advise_main(args: argparse.Namespace) -> int:
         f"advising on {len(workload.requests):,} requests over {hours:.2f} h ({workload.name})",
         file=sys.stderr,
     )
-    progress = None if args.quiet else (lambda text: print(f"  simulating {text}", file=sys.stderr))
     try:
-        advice = advise(
-            policy, workload, args.slo, seed=args.seed, max_replicas=args.max_replicas, progress=progress
-        )
+        with plans_progress(args.quiet) as progress:
+            advice = advise(
+                policy,
+                workload,
+                args.slo,
+                seed=args.seed,
+                max_replicas=args.max_replicas,
+                progress=progress,
+                workers=cores(),
+            )
     except (WorkloadError, ValueError) as exc:
         print(f"gateway advise: {exc}", file=sys.stderr)
         return 2
@@ -75,6 +85,25 @@ def advise_main(args: argparse.Namespace) -> int:
     print(f"CPU seconds: {time.process_time() - started:.1f}", file=sys.stderr)
     print("wrote " + ", ".join(str(p) for p in written), file=sys.stderr)
     return 0
+
+
+@contextlib.contextmanager
+def plans_progress(quiet: bool) -> Iterator[Callable[[PlanResult, int], None] | None]:
+    """A bar on stderr over the plans judged, each named as its result comes in."""
+    if quiet:
+        yield None
+        return
+    from rich.console import Console
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    columns = (TextColumn("plans judged"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
+    with Progress(*columns, TextColumn("{task.description}"), console=Console(stderr=True)) as bar:
+        task = bar.add_task("", total=None)
+
+        def judged(result: PlanResult, plans: int) -> None:
+            bar.update(task, total=plans, advance=1, description=f"{result.plan.name}: {result.plan.label}")
+
+        yield judged
 
 
 def busiest_day(workload: Workload) -> list[float]:
