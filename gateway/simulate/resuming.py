@@ -10,20 +10,43 @@ attempt's.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import Any, Protocol
 
+from gateway.measure.stats import LiveStats
 from gateway.money.costs import attempt_cost
-from gateway.request.observation import Usage
+from gateway.policy.compiled import CompiledPolicy, CompiledRoute
+from gateway.request.observation import Attempt, Observation, Usage
 from gateway.simulate.backends import Job
+from gateway.simulate.timeline import Timeline
+from gateway.simulate.workload import SimRequest
 
-if TYPE_CHECKING:
-    from gateway.simulate.engine import Simulation, _Flight
+
+class Flight(Protocol):
+    """What this reads and sets of the engine's request in flight (engine.py sits above this)."""
+
+    req: SimRequest
+    route: CompiledRoute
+    observation: Observation
+    attempt: Attempt | None
+    order: tuple[str, ...]
+    deadline: float
+    resumed_from: str | None
+
+
+class Simulation(Protocol):
+    policy: CompiledPolicy
+    timeline: Timeline
+    stats: LiveStats
+    api_spend: dict[str, float]
+
+    def start_attempt(self, flight: Any, name: str, job: Job) -> None: ...  # the engine's own flight
+
 
 # The dialects that are handed the thinking so far with the prefill (resume.py's continuation_body).
 GIVEN_THE_THINKING = ("vllm", "llamacpp")
 
 
-def charge_cut_attempt(sim: Simulation, flight: _Flight, job: Job) -> None:
+def charge_cut_attempt(sim: Simulation, flight: Flight, job: Job) -> None:
     """What the cut attempt generated before it broke off: its usage, and its cost on the bill."""
     attempt = flight.attempt
     assert attempt is not None
@@ -44,7 +67,7 @@ def charge_cut_attempt(sim: Simulation, flight: _Flight, job: Job) -> None:
         sim.api_spend[name] = sim.api_spend.get(name, 0.0) + cost.usd
 
 
-def resume(sim: Simulation, flight: _Flight) -> bool:
+def resume(sim: Simulation, flight: Flight) -> bool:
     """Open the next candidate that can continue ``flight``'s stream; False when none can."""
     route, observation, req = flight.route, flight.observation, flight.req
     if not route.resume_streams or not observation.attempts:
