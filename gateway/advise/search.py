@@ -10,7 +10,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
-from gateway.advise.plans import Plan, PlanResult, fixed_plan, run_plan
+from gateway.advise.judging import judge_plans
+from gateway.advise.plans import Plan, PlanResult, fixed_plan
 from gateway.advise.schedule import (
     DayKind,
     Window,
@@ -75,8 +76,11 @@ def advise(
     *,
     seed: int = 0,
     max_replicas: int | None = None,
-    progress: Callable[[str], None] | None = None,
+    progress: Callable[[PlanResult, int], None] | None = None,
+    workers: int = 1,
 ) -> Advice:
+    """``progress`` is told each plan's result as it comes in, with how many plans are judged;
+    ``workers`` plans are replayed at once (``judging.py``)."""
     pools = pool_models(policy, workload, max_replicas)
     hours = hourly_traffic(workload)
     per_hour = hourly_replicas(policy, pools, hours)
@@ -112,15 +116,15 @@ def advise(
         label = ", ".join(f"{p.name} {min(needs[p.name])}-{max(needs[p.name])} by hour" for p in pools)
         candidates.append(Plan("schedule", spells, label))
         candidates.append(fixed_plan("always-on", {p.name: max(needs[p.name]) for p in pools}, duration))
-    results: list[PlanResult] = []
+    judged: list[Plan] = []
     seen: set[str] = set()
     for plan in candidates:
         if plan.label in seen and plan.name != "schedule":
             continue  # the same capacity judged once, under its first name
         seen.add(plan.label)
-        if progress is not None:
-            progress(f"{plan.name}: {plan.label}")
-        results.append(run_plan(policy, workload, plan, pools, seed))
+        judged.append(plan)
+    done = None if progress is None else (lambda result: progress(result, len(judged)))
+    results = judge_plans(policy, workload, judged, pools, seed, workers=workers, done=done)
     keeping = [r for r in results if r.slo_attainment >= slo_target]
     recommended = (
         min(keeping, key=lambda r: r.total_usd) if keeping else max(results, key=lambda r: r.slo_attainment)

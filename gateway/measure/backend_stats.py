@@ -119,6 +119,7 @@ class BackendStats:
         self.samples_pending = False
         self.changed = True
         self.next_check_at = -math.inf
+        self.exact_until = -math.inf  # until then the cached view is current but for busy concurrency
         self.cached_view: BackendView | None = None
 
     def integrate(self, now: float) -> None:
@@ -227,6 +228,14 @@ class BackendStats:
             self.summarized_at = now
             self.samples_pending = False
 
+    def view_but_concurrency(self, now: float) -> BackendView:
+        """The view, except that its busy concurrency (and aggregate speed) may be up to
+        ``refresh_s`` old: for readers that look at neither (the probe plan), without a rebuild for
+        the drift alone."""
+        if self.cached_view is not None and not self.changed and now < self.exact_until:
+            return self.cached_view
+        return self.view(now)
+
     def view(self, now: float) -> BackendView:
         if self.cached_view is not None and not self.changed and now < self.next_check_at:
             return self.cached_view
@@ -286,6 +295,7 @@ class BackendStats:
             next_check = min(next_check, self.paused_until)
         if self.samples_pending:
             next_check = min(next_check, self.summarized_at + refresh_s)
+        self.exact_until = next_check
         if self.inflight + self.remote_inflight > 0:
             next_check = min(next_check, now + refresh_s)
         self.next_check_at = next_check

@@ -4,13 +4,25 @@ means (rates are means of 0/1). Plain arithmetic on (time, value) pairs; the cal
 
 from __future__ import annotations
 
+import bisect
+import itertools
 import math
 
 
 class DecayedSamples:
-    """The last ``window`` values; quantiles weigh each one by half every ``half_life_s`` of its age."""
+    """The last ``window`` values; quantiles weigh each one by half every ``half_life_s`` of its age.
 
-    __slots__ = ("_half_life_s", "_next", "_times", "_values", "_window")
+    The values are also kept sorted with their weights, ``2 ** ((t - base) / half_life_s)`` fixed when
+    each arrives: scaling all weights alike leaves quantiles unchanged, so a quantile is one walk of
+    running sums (no power or sort per look). ``base`` moves up before the weights could overflow.
+    """
+
+    __slots__ = ("_base", "_half_life_s", "_next", "_sorted", "_sorted_weights", "_times", "_values",
+                 "_window")  # fmt: skip
+
+    # Half-lives between base and the newest sample before the weights are rebased (2**REBASE is far
+    # from a float's limit; any window of samples spans many fewer half-lives in practice).
+    REBASE = 256.0
 
     def __init__(self, window: int, half_life_s: float) -> None:
         self._window = window
@@ -18,18 +30,52 @@ class DecayedSamples:
         self._values: list[float] = []
         self._times: list[float] = []
         self._next = 0
+        self._base: float | None = None
+        self._sorted: list[float] = []  # the values in order
+        self._sorted_weights: list[float] = []  # their weights, in the same order
 
     def __len__(self) -> int:
         return len(self._values)
 
+    def _weight(self, at: float) -> float:
+        base = self._base
+        if base is None or (at - base) / self._half_life_s > self.REBASE:
+            self._rebase(at)
+            base = at
+        weight: float = 2.0 ** ((at - base) / self._half_life_s)
+        return weight
+
+    def _rebase(self, at: float) -> None:
+        self._base = at
+        half_life = self._half_life_s
+        pairs = sorted(
+            (v, 2.0 ** ((t - at) / half_life)) for t, v in zip(self._times, self._values, strict=True)
+        )
+        self._sorted = [v for v, _ in pairs]
+        self._sorted_weights = [w for _, w in pairs]
+
     def add(self, at: float, value: float) -> None:
+        weight = self._weight(at)
+        ordered, weights = self._sorted, self._sorted_weights
         if len(self._values) < self._window:
             self._values.append(value)
             self._times.append(at)
-            return
-        self._values[self._next] = value
-        self._times[self._next] = at
-        self._next = (self._next + 1) % self._window
+        else:
+            slot = self._next
+            base = self._base
+            assert base is not None  # set by _weight
+            old = self._values[slot]
+            old_weight = 2.0 ** ((self._times[slot] - base) / self._half_life_s)
+            i = bisect.bisect_left(ordered, old)
+            while weights[i] != old_weight and i + 1 < len(ordered) and ordered[i + 1] == old:
+                i += 1  # equal values: the one with its weight
+            del ordered[i], weights[i]
+            self._values[slot] = value
+            self._times[slot] = at
+            self._next = (slot + 1) % self._window
+        i = bisect.bisect_right(ordered, value)
+        ordered.insert(i, value)
+        weights.insert(i, weight)
 
     def forget_before(self, at: float) -> None:
         """Drop every sample older than ``at`` (a slow spell that probes showed is over)."""
@@ -38,29 +84,20 @@ class DecayedSamples:
         self._values = [v for _, v in kept]
         if len(kept) < self._window:
             self._next = 0  # not full any more: new samples are appended again
+        if self._base is not None:
+            self._rebase(self._base)
 
     def quantiles(self, *qs: float) -> tuple[float, ...] | None:
-        if not self._values:
+        ordered = self._sorted
+        if not ordered:
             return None
-        # Weights relative to the newest sample: scaling all weights alike leaves quantiles unchanged,
-        # so the result depends on sample ages, not on when it is asked for.
-        newest = max(self._times)
-        half_life = self._half_life_s
-        weights = [0.5 ** ((newest - t) / half_life) for t in self._times]
-        order = sorted(range(len(self._values)), key=self._values.__getitem__)
+        weights = self._sorted_weights
+        running = list(itertools.accumulate(weights))
         total = math.fsum(weights)
-        results = []
-        for q in qs:
-            target = q * total
-            cumulative = 0.0
-            chosen = self._values[order[-1]]
-            for i in order:
-                cumulative += weights[i]
-                if cumulative >= target:
-                    chosen = self._values[i]
-                    break
-            results.append(chosen)
-        return tuple(results)
+        last = len(ordered) - 1
+        # The first value whose running weight reaches q of the total (the last if rounding leaves
+        # every running sum short of it).
+        return tuple(ordered[min(last, bisect.bisect_left(running, q * total))] for q in qs)
 
 
 class DecayedMean:

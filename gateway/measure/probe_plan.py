@@ -47,6 +47,7 @@ class ProbePlan:
         self._sent_at: dict[str, float] = {}  # when each backend's last probe went out
         self._settled: set[str] = set()  # backends whose first probe since start has ended
         self.started_at: float | None = None
+        self._watched: tuple[CompiledPolicy, frozenset[str]] | None = None  # the policy's, once per policy
 
     def set_backends(self, backends: Mapping[str, CompiledBackend], on_start: bool) -> None:
         """Follow a (re)loaded policy: backends it adds are probed once."""
@@ -69,7 +70,7 @@ class ProbePlan:
         settings = policy.tuning.probes
         if not settings.enabled:
             return []
-        watched = {name for route in policy.routes.values() if route.has_slo for name in route.backends}
+        watched = self._watched_backends(policy)
         chosen = []
         for name, backend in policy.backends.items():
             view = view_of(name)
@@ -105,6 +106,14 @@ class ProbePlan:
                 self._sent_at[name] = now
                 chosen.append(DueProbe(backend, bar, tokens))
         return chosen
+
+    def _watched_backends(self, policy: CompiledPolicy) -> frozenset[str]:
+        """The candidates of routes with an SLO (asked every look: worked out once per policy)."""
+        if self._watched is None or self._watched[0] is not policy:
+            routes = policy.routes.values()
+            watched = frozenset(name for route in routes if route.has_slo for name in route.backends)
+            self._watched = (policy, watched)
+        return self._watched[1]
 
     @staticmethod
     def bars(policy: CompiledPolicy, view_of: ViewOf) -> dict[str, RecoveryBar]:

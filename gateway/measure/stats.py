@@ -188,6 +188,10 @@ class LiveStats:
     def view(self, backend: str) -> BackendView:
         return self._stats(backend).view(self.clock())
 
+    def view_but_concurrency(self, backend: str) -> BackendView:
+        """``view``, its busy concurrency possibly ``refresh_s`` old (see BackendStats): the probe plan's."""
+        return self._stats(backend).view_but_concurrency(self.clock())
+
     def ttft_p50_s(self, backend: str) -> float | None:
         """The view's ``ttft_p50_s`` without building a view (once per non-streamed answer)."""
         stats = self._stats(backend)

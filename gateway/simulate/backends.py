@@ -27,9 +27,9 @@ FailureKind = Literal["connect_error", "upstream_error", "dropped"]
 class Job:
     """One attempt on one backend; ``owner`` is whatever the engine hangs on it."""
 
-    __slots__ = ("added_ttft_s", "admitted_at", "cached_tokens", "first_token_at", "http_status",
-                 "output_tokens", "owner", "prompt_tokens", "shape", "state", "submitted_at",
-                 "target")  # fmt: skip
+    __slots__ = ("added_ttft_s", "admitted_at", "cached_tokens", "first_token_at", "generated_tokens",
+                 "http_status", "output_tokens", "owner", "prompt_tokens", "reasoning_tokens", "shape",
+                 "state", "submitted_at", "target")  # fmt: skip
 
     def __init__(
         self, prompt_tokens: int, output_tokens: int, owner: Any, shape: PromptShape | None = None
@@ -46,6 +46,8 @@ class Job:
         self.target = 0.0  # the progress at which its last token is out
         self.http_status: int | None = None
         self.added_ttft_s = 0.0  # a slow spell's delay, fixed when it arrives (as the emulator does)
+        self.generated_tokens = 0  # made before a fault cut it (a cut stream's, for its resume)
+        self.reasoning_tokens = 0  # of ``output_tokens``, thinking (the engine's to set)
 
 
 class JobSink(Protocol):
@@ -69,7 +71,10 @@ class BackendModel:
         self.rng = rng
         self.sink = sink
         self.running: set[Job] = set()  # seated: prefilling or decoding (both count for batching)
-        self.waiting: deque[Job] = deque()
+        # The FIFO queue for a seat. A job cancelled while queued stays in it, marked, and is skipped
+        # when it reaches the head (a removal from the middle would cost the queue's length).
+        self._queue: deque[Job] = deque()
+        self.waiting = 0  # jobs queued and not cancelled
         self._decoding: list[tuple[float, int, Job]] = []
         self._seq = itertools.count()
         self._progress = 0.0
@@ -108,14 +113,17 @@ class BackendModel:
             self._occupy(job)
         else:
             job.state = "waiting"
-            self.waiting.append(job)
+            self._queue.append(job)
+            self.waiting += 1
 
     def cancel(self, job: Job) -> None:
         """The client (the gateway's timeout) hung up: free its seat or its place in the queue."""
         state = job.state
         job.state = "cancelled"
         if state == "waiting":
-            self.waiting.remove(job)
+            self.waiting -= 1
+            if len(self._queue) > 2 * self.waiting + 64:  # mostly cancelled: drop them in one pass
+                self._queue = deque(j for j in self._queue if j.state == "waiting")
         elif state in ("prefill", "decode"):
             self._leave(job)
 
@@ -142,8 +150,14 @@ class BackendModel:
 
     def fail_everything(self, kind: FailureKind) -> None:
         """The server died or restarted: every request it held ends now."""
-        held = [*self.waiting, *self.running]
-        self.waiting.clear()
+        progress = self._advance()
+        held = [*(j for j in self._queue if j.state == "waiting"), *self.running]
+        for job in self.running:
+            if job.state == "decode":  # the first token, and what decoded since
+                made = job.output_tokens - (job.target - progress)
+                job.generated_tokens = max(1, min(job.output_tokens, int(made)))
+        self._queue.clear()
+        self.waiting = 0
         self.running.clear()
         self._decoding.clear()
         self._reschedule()
@@ -227,5 +241,9 @@ class BackendModel:
         self._reschedule()
 
     def _seat_waiting(self) -> None:
+        queue = self._queue
         while self.waiting and self._has_free_seat():
-            self._occupy(self.waiting.popleft())
+            job = queue.popleft()
+            if job.state == "waiting":  # else cancelled while it queued
+                self.waiting -= 1
+                self._occupy(job)

@@ -21,12 +21,13 @@ from gateway.money.budgets import BudgetExhausted, Budgets, Reservation
 from gateway.money.costs import SECONDS_PER_HOUR, attempt_cost
 from gateway.policy.compiled import CompiledPolicy, CompiledRoute
 from gateway.policy.decide import Decision, DecisionMemo, RequestFeatures, decide
+from gateway.simulate import resuming
 from gateway.simulate.backends import BackendModel, FailureKind, Job
 from gateway.simulate.probing import ProbeFlight, SimProber
 from gateway.simulate.scraping import SimScraper
 from gateway.simulate.timeline import Timeline
 from gateway.simulate.waiting import SimWaitingRoom
-from gateway.simulate.workload import Fault, SimRequest, Workload, backend_profile
+from gateway.simulate.workload import Fault, SimRequest, Workload, backend_profile, requests_between
 from gateway.store.memory import MemoryStore
 from gateway.values.observation import Attempt, Observation, Usage
 
@@ -73,7 +74,7 @@ class _Flight:
     """One request in flight: its observation, its remaining order and its current attempt."""
 
     __slots__ = ("attempt", "deadline", "first_token_at", "job", "observation", "order", "req",
-                 "reservation", "route", "started_wall", "ticket", "tried")  # fmt: skip
+                 "reservation", "resumed_from", "route", "started_wall", "ticket", "tried")  # fmt: skip
 
     def __init__(self, req: SimRequest, route: CompiledRoute, observation: Observation, wall: float) -> None:
         self.req = req
@@ -88,6 +89,7 @@ class _Flight:
         self.attempt: Attempt | None = None
         self.ticket: AttemptTicket | None = None
         self.first_token_at: float | None = None
+        self.resumed_from: str | None = None  # the backend a cut stream was taken over from
 
 
 def run_now(coroutine: Coroutine[Any, Any, T]) -> T:
@@ -124,7 +126,7 @@ class Simulation:
         self.waiting = SimWaitingRoom(self.timeline, self._decide, self._admit, self._busy)
         self.outcomes: list[Outcome] = []
         self.budget_exhausted_at: dict[str, float] = {}
-        self._api_spend: dict[str, float] = {}
+        self.api_spend: dict[str, float] = {}
         self._end_of_run = False
         self._request_ids = itertools.count()
         self.current_request: SimRequest | None = None  # the one being decided, for routers that key on it
@@ -146,7 +148,7 @@ class Simulation:
         for step in range(1, steps + 1):
             until = end * step / steps
             # Arrivals are fed in slices, so the heap holds only what is in flight.
-            for req in _between(requests, end * (step - 1) / steps, until, last=step == steps):
+            for req in requests_between(requests, end * (step - 1) / steps, until, last=step == steps):
                 timeline.schedule(req.at, self._arrive, req)
             timeline.run_until(until)
             if progress is not None:
@@ -163,7 +165,7 @@ class Simulation:
             if backend.pool_price is not None
         }
         api = {name: 0.0 for name, b in self.policy.backends.items() if b.pool_price is None}
-        api.update(self._api_spend)
+        api.update(self.api_spend)
         for name, usd in self.prober.spent_usd.items():  # the bill pays for probes too
             api[name] = api.get(name, 0.0) + usd
         outcomes = sorted(self.outcomes, key=lambda o: o.at)
@@ -226,18 +228,24 @@ class Simulation:
             flight.tried += 1
             if flight.observation.attempts and not self.stats.allows_request(name):
                 continue
-            flight.ticket = self.stats.attempt_started(name)
-            flight.attempt = Attempt(backend=name, started_at=now)
-            flight.observation.attempts.append(flight.attempt)
             output = flight.req.output_tokens
             if flight.req.max_tokens is not None:
                 output = min(output, flight.req.max_tokens)
-            job = flight.job = Job(flight.req.prompt_tokens, output, flight, flight.req.shape)
-            self.models[name].submit(job)
-            wait = min(self.policy.backends[name].timeouts.first_byte_s, flight.deadline - now)
-            self.timeline.schedule(now + wait, self._first_byte_timeout, job)
+            job = Job(flight.req.prompt_tokens, output, flight, flight.req.shape)
+            job.reasoning_tokens = min(flight.req.reasoning_tokens, output)
+            self.start_attempt(flight, name, job)
             return
         self._finish(flight, "upstream_failed")
+
+    def start_attempt(self, flight: _Flight, name: str, job: Job) -> None:
+        now = self.timeline.now
+        flight.ticket = self.stats.attempt_started(name)
+        flight.attempt = Attempt(backend=name, started_at=now)
+        flight.observation.attempts.append(flight.attempt)
+        flight.job = job
+        self.models[name].submit(job)
+        wait = min(self.policy.backends[name].timeouts.first_byte_s, flight.deadline - now)
+        self.timeline.schedule(now + wait, self._first_byte_timeout, job)
 
     def _first_byte_timeout(self, job: Job) -> None:
         flight: _Flight = job.owner
@@ -264,7 +272,7 @@ class Simulation:
         attempt = flight.attempt
         name = attempt.backend
         first = job.first_token_at if job.first_token_at is not None else now
-        reasoning = min(flight.req.reasoning_tokens, job.output_tokens)
+        reasoning = job.reasoning_tokens
         attempt.finished_at = now
         if flight.req.stream or self.policy.backends[name].dialect == "llamacpp":
             attempt.ttft_s = first - attempt.started_at  # streams show it; llama.cpp's timings too
@@ -272,7 +280,7 @@ class Simulation:
             attempt.first_answer_s = attempt.ttft_s + (now - first) * share
         attempt.decode_s = now - first
         attempt.token_chunks = job.output_tokens
-        usage = Usage(flight.req.prompt_tokens, job.output_tokens, reasoning, job.cached_tokens)
+        usage = Usage(job.prompt_tokens, job.output_tokens, reasoning, job.cached_tokens)
         attempt.usage = usage
         self.stats.attempt_finished(flight.ticket, attempt, flight.route.name)
         observe = getattr(self.router, "observe", None)
@@ -286,7 +294,7 @@ class Simulation:
         cost = attempt_cost(backend, usage, view.aggregate_tokens_per_s, view.prefill_tokens_per_s)
         flight.observation.cost_usd = (flight.observation.cost_usd or 0.0) + cost.usd
         if backend.token_prices is not None:
-            self._api_spend[name] = self._api_spend.get(name, 0.0) + cost.usd
+            self.api_spend[name] = self.api_spend.get(name, 0.0) + cost.usd
         self._finish(flight, None)
         self.waiting.notify()  # a place freed
 
@@ -305,10 +313,15 @@ class Simulation:
         attempt.status = status
         attempt.http_status = http_status
         attempt.finished_at = self.timeline.now
-        flight.job = None
+        job, flight.job = flight.job, None
+        if status == "dropped" and job is not None and flight.req.stream:
+            resuming.charge_cut_attempt(self, flight, job)
         self.stats.attempt_finished(ticket, attempt, flight.route.name)
-        if status == "dropped" and flight.req.stream:
-            self._finish(flight, "upstream_dropped")  # bytes already reached the client: no fallback
+        if flight.req.stream and (status == "dropped" or flight.resumed_from is not None):
+            # Bytes already reached the client: no fallback, but a resume where the route has one.
+            if not resuming.resume(self, flight):
+                self._finish(flight, "upstream_dropped")
+            self.waiting.notify()
             return
         flight.first_token_at = None
         self._next_attempt(flight)
@@ -328,7 +341,7 @@ class Simulation:
         ok = error is None and attempt is not None and attempt.status == "ok"
         ttft = None if not ok or flight.first_token_at is None else flight.first_token_at - flight.req.at
         decode = attempt.decode_tokens_per_s if ok and attempt is not None else None
-        output = attempt.usage.completion_tokens if ok and attempt is not None and attempt.usage else 0
+        output = sum(a.usage.completion_tokens for a in observation.attempts if a.usage) if ok else 0
         self.outcomes.append(
             Outcome(
                 flight.req.at,
@@ -369,14 +382,6 @@ def _within_slo(route: CompiledRoute, ttft_s: float | None, decode: float | None
         and decode is not None
         and decode < slo.min_decode_tokens_per_s
     )
-
-
-def _between(requests: list[SimRequest], start: float, end: float, *, last: bool) -> list[SimRequest]:
-    import bisect
-
-    lo = bisect.bisect_left(requests, start, key=lambda r: r.at)
-    hi = len(requests) if last else bisect.bisect_left(requests, end, key=lambda r: r.at)
-    return requests[lo:hi]
 
 
 def policy_router_decide(sim: Simulation, features: RequestFeatures, route: CompiledRoute) -> Decision:

@@ -12,6 +12,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from gateway.measure.probe_plan import PROBE_PROMPT_TOKENS, DueProbe, ProbePlan
+from gateway.measure.recovery import RecoveryBar, recovery_bar
 from gateway.measure.stats import AttemptTicket, LiveStats
 from gateway.money.costs import attempt_cost
 from gateway.policy.compiled import CompiledPolicy
@@ -50,6 +51,9 @@ class SimProber:
         self._plan = ProbePlan()
         self._plan.set_backends(policy.backends, policy.tuning.probes.on_start)
         self._inflight: dict[str, ProbeFlight] = {}
+        # recovery_bar is a function of (backend, p95, decode speed): each look reuses what it found.
+        self._bars: dict[tuple[str, float | None, float | None], RecoveryBar] = {}
+        self._bar_set: dict[str, RecoveryBar] = {}
         self.sent: Counter[str] = Counter()  # probes sent, by backend
         self.spent_usd: dict[str, float] = {}  # what the paid APIs' probes cost, by backend
 
@@ -58,11 +62,25 @@ class SimProber:
         self._timeline.schedule(0.0, self._tick)
 
     def _tick(self) -> None:
+        # The same look as the gateway's Prober (ProbePlan.bars, then ProbePlan.due), on views that
+        # are exact in all the plan reads: a view is rebuilt for the drift of busy concurrency
+        # alone only for decisions, which read it.
         now = self._timeline.now
+        view_of = self._stats.view_but_concurrency
         needed = self._policy.tuning.probes.recovery_probes
-        for name, bar in self._plan.bars(self._policy, self._stats.view).items():
-            self._stats.set_recovery_bar(name, bar, needed)
-        for due in self._plan.due(self._policy, self._stats.view, now, self._inflight):
+        routes = self._policy.routes.values()
+        for name in self._policy.backends:
+            view = view_of(name)
+            key = (name, view.ttft_p95_s, view.decode_tokens_per_s)
+            bar = self._bars.get(key)
+            if bar is None:
+                if len(self._bars) >= 4096:  # p95s are sample values: bound what a long run keeps
+                    self._bars.clear()
+                bar = self._bars[key] = recovery_bar(name, routes, key[1], key[2])
+            if self._bar_set.get(name) is not bar:  # setting the same bar again changes nothing
+                self._bar_set[name] = bar
+                self._stats.set_recovery_bar(name, bar, needed)
+        for due in self._plan.due(self._policy, view_of, now, self._inflight):
             self._send(due, now)
         if self._running():
             self._timeline.schedule(now + TICK_S, self._tick)

@@ -49,7 +49,7 @@ class SimScraper:
                 LoadSignals(
                     scraped_at=now,
                     running=float(running),
-                    waiting=float(len(model.waiting)),
+                    waiting=float(model.waiting),
                     slots_total=slots,
                     slots_busy=running if slots else None,
                 ),

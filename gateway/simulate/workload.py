@@ -224,6 +224,13 @@ def synthesize(spec: WorkloadFile) -> Workload:
     )
 
 
+def requests_between(requests: list[SimRequest], start: float, end: float, *, last: bool) -> list[SimRequest]:
+    """The requests arriving in [start, end) (to the last one when ``last``); ``requests`` by arrival."""
+    lo = bisect.bisect_left(requests, start, key=lambda r: r.at)
+    hi = len(requests) if last else bisect.bisect_left(requests, end, key=lambda r: r.at)
+    return requests[lo:hi]
+
+
 def arrival_rate(arrivals: Arrivals, duration_s: float) -> Callable[[float], float]:
     """Requests per second at ``t`` seconds into the run."""
     scale = arrivals.scale

@@ -1,0 +1,63 @@
+"""The candidate plans judged side by side: each is a whole replay through the simulator, independent
+of the others, so they run in forked worker processes, one per core (the policy holds read-only
+mappings that do not pickle: a fork inherits them, and only each plan's index goes out and its priced
+result comes back). One core, one plan, or no ``fork`` on the platform: in this process, in order."""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+from collections.abc import Callable
+
+from gateway.advise.plans import Plan, PlanResult, run_plan
+from gateway.advise.traffic import PoolModel
+from gateway.policy.compiled import CompiledPolicy
+from gateway.simulate.workload import Workload
+
+Done = Callable[[PlanResult], None]  # told as each plan's result comes in
+
+# What the forked workers read: set just before the fork, cleared after.
+_job: tuple[CompiledPolicy, Workload, list[Plan], list[PoolModel], int] | None = None
+
+
+def _judge(index: int) -> PlanResult:
+    assert _job is not None
+    policy, workload, plans, pools, seed = _job
+    return run_plan(policy, workload, plans[index], pools, seed)
+
+
+def cores() -> int:
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+
+
+def judge_plans(
+    policy: CompiledPolicy,
+    workload: Workload,
+    plans: list[Plan],
+    pools: list[PoolModel],
+    seed: int,
+    *,
+    workers: int,
+    done: Done | None = None,
+) -> list[PlanResult]:
+    """Each plan's result, in the plans' order."""
+    global _job
+    workers = min(workers, len(plans))
+    if workers <= 1 or "fork" not in multiprocessing.get_all_start_methods():
+        results = []
+        for plan in plans:
+            results.append(run_plan(policy, workload, plan, pools, seed))
+            if done is not None:
+                done(results[-1])
+        return results
+    _job = (policy, workload, plans, pools, seed)
+    try:
+        with multiprocessing.get_context("fork").Pool(workers) as pool:
+            results = []
+            for result in pool.imap(_judge, range(len(plans))):
+                results.append(result)
+                if done is not None:
+                    done(result)
+            return results
+    finally:
+        _job = None
