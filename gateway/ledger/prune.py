@@ -1,5 +1,5 @@
 """Retention: delete the request rows that started before an hour, keeping their sums in the hourly
-rollup (``spend_hourly``), so every spend report over the ledger says what it said before.
+rollup (``spend_rollup``), so every spend report over the ledger says what it said before.
 
 Before deleting, the rollup of the span to prune is checked against a full scan of its rows (counts
 and tokens equal, USD within summation rounding): rows that reached the table without the rollup's

@@ -84,7 +84,7 @@ class LedgerReader:
         """Whether this ledger keeps the hourly rollup the reports read (a ledger a gateway of this
         version opened has it; a report may read an older one, by full scans)."""
         if self._rollup is None:
-            self._rollup = bool(self.query(self.dialect.table_exists, ("spend_hourly",)))
+            self._rollup = bool(self.query(self.dialect.table_exists, ("spend_rollup",)))
         return self._rollup
 
     def pruned(self) -> tuple[float | None, float | None]:

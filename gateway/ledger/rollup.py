@@ -1,12 +1,12 @@
-"""Spend totals at volume, read from the hourly rollup (``spend_hourly``, migration 6) and made exact
-at the window's edges from the raw rows.
+"""Spend totals at volume, read from the rollup (``spend_rollup``, migration 6: sums per hour and per
+day) and made exact at the window's edges from the raw rows.
 
-A window [since, until) is the whole hours inside it, read from the rollup, plus the part of the
-hour ``since`` falls in, read from ``requests`` (at most an hour of rows), minus the rows of the hour
-``until`` falls in that started at or after ``until`` (normally none: ``until`` is now). The trigger
-that fills the rollup runs in the same transaction as each insert, so its sums are the rows' sums:
-the counts and tokens equal a full scan's exactly, the USD to the last bits of floating-point
-summation order (a full scan's ``SUM`` has no fixed order either).
+A window [since, until) is its whole days (day rows), the whole hours of its partial days (hour
+rows), and the rows of the partial hours at its ends, read from ``requests`` by the time index (at
+most an hour of rows at each end; none at an end where the rest of its hour has no rows, as after
+``until`` = now). The trigger that fills the rollup runs in the same transaction as each insert, so
+its sums are the rows' sums: counts and tokens equal a full scan's exactly, USD to the last bits of
+floating-point summation order (a full scan's ``SUM`` has no fixed order either).
 
 After ``gateway ledger prune`` the raw rows before its hour are gone: a window starting inside the
 pruned span counts that hour whole.
@@ -22,7 +22,7 @@ from typing import Any, Protocol
 from gateway.ledger.rows import SpendTotal
 
 HOUR_S = 3600
-# spend_hourly's groupings: the report's ``--by`` names, and refused requests by reason.
+# spend_rollup's groupings: the report's ``--by`` names, and refused requests by reason.
 DIMENSIONS = ("route", "backend", "key", "replica", "user", "refused")
 
 
@@ -38,16 +38,15 @@ def hour_of(time: float) -> int:
 
 @dataclass(slots=True)
 class _Sum:
-    """One key's running total, with its requests per cost basis (a basis whose count the until
-    edge takes back to zero drops out)."""
+    """One key's running total and the cost bases its rows had."""
 
     values: list[Any] = field(default_factory=lambda: [0, 0, 0, 0, 0, 0, 0.0, 0, 0])
-    bases: dict[str, int] = field(default_factory=dict)
+    bases: set[str] = field(default_factory=set)
 
-    def add(self, basis: str, values: Sequence[Any], sign: int) -> None:
+    def add(self, basis: str, values: Sequence[Any]) -> None:
         for i, value in enumerate(values):
-            self.values[i] += sign * (value or 0)
-        self.bases[basis] = self.bases.get(basis, 0) + sign * int(values[0])
+            self.values[i] += value or 0
+        self.bases.add(basis)
 
 
 # The sums a SpendTotal holds, in its order after ``key``, as a rollup and as a raw scan read them.
@@ -76,29 +75,52 @@ def rollup_totals(
 ) -> list[SpendTotal]:
     """Per key of ``dimension``, the totals of the rows that started in [since, until)."""
     sums: dict[str | None, _Sum] = {}
-    first = hour_of(since)
+    first = hour_of(since)  # the first whole hour, once the partial one is read
     if pruned_before is not None and since < pruned_before:
         since = first * HOUR_S  # the raw rows of that hour are gone: count it whole
-    if since > first * HOUR_S:  # the partial first hour, from the raw rows
+    if since > first * HOUR_S and _any_rows(reader, first * HOUR_S, since):
         edge_end = (first + 1) * HOUR_S if until is None else min(until, (first + 1) * HOUR_S)
-        _merge(sums, _raw(reader, dimension, since, edge_end), 1)
+        _merge(sums, _raw(reader, dimension, since, edge_end))
         first += 1
-    last = None if until is None else hour_of(until)  # the hour holding until, if it has started
-    if until is not None and last is not None and last * HOUR_S == until:
-        last -= 1  # until starts an hour: that hour is outside the window
-    if last is None or last >= first:
-        _merge(sums, _rolled(reader, dimension, first, last), 1)
-        if until is not None and last is not None and (last + 1) * HOUR_S > until:
-            _merge(sums, _raw(reader, dimension, until, (last + 1) * HOUR_S), -1)
+    end: int | None = None  # the hour after the last whole one; None: no end
+    if until is not None:
+        end = hour_of(until)
+        if end * HOUR_S < until and end >= first:  # a partial last hour
+            if _any_rows(reader, until, (end + 1) * HOUR_S):
+                _merge(sums, _raw(reader, dimension, end * HOUR_S, until))
+            else:  # nothing in it after until (until is now): the hour's rollup is the window's
+                end += 1
+    if end is None or end > first:
+        for hours, low, high in _spans(first, end):
+            _merge(sums, _rolled(reader, dimension, hours, low, high))
     return _totals(sums)
 
 
-def _rolled(reader: Querying, dimension: str, first: int, last: int | None) -> list[Any]:
-    upper = "" if last is None else " AND hour <= ?"
-    params: tuple[Any, ...] = (dimension, first) if last is None else (dimension, first, last)
+def _spans(first: int, end: int | None) -> list[tuple[int, int, int | None]]:
+    """(hours per bucket, first bucket, bucket after the last or None) covering hours [first, end):
+    whole days as day buckets, the hours either side as hour buckets."""
+    first_day = -(-first // 24)
+    end_day = None if end is None else end // 24
+    if end_day is not None and end_day <= first_day:
+        return [(1, first, end)]
+    spans: list[tuple[int, int, int | None]] = [(24, first_day, end_day)]
+    if first < first_day * 24:
+        spans.append((1, first, first_day * 24))
+    if end_day is not None and end is not None and end > end_day * 24:
+        spans.append((1, end_day * 24, end))
+    return spans
+
+
+def _any_rows(reader: Querying, since: float, until: float) -> bool:
+    return bool(reader.query("SELECT 1 FROM requests WHERE time >= ? AND time < ? LIMIT 1", (since, until)))
+
+
+def _rolled(reader: Querying, dimension: str, hours: int, low: int, high: int | None) -> list[Any]:
+    upper = "" if high is None else " AND bucket < ?"
+    params: tuple[Any, ...] = (dimension, hours, low) if high is None else (dimension, hours, low, high)
     query = (
-        f"SELECT CASE WHEN name_null THEN NULL ELSE name END, cost_basis, {ROLLUP_SUMS} FROM spend_hourly"
-        f" WHERE dimension = ? AND hour >= ?{upper} GROUP BY name, name_null, cost_basis"
+        f"SELECT CASE WHEN name_null THEN NULL ELSE name END, cost_basis, {ROLLUP_SUMS} FROM spend_rollup"
+        f" WHERE dimension = ? AND hours = ? AND bucket >= ?{upper} GROUP BY name, name_null, cost_basis"
     )
     return reader.query(query, params)
 
@@ -113,12 +135,12 @@ def _raw(reader: Querying, dimension: str, since: float, until: float) -> list[A
     return reader.query(query, (since, until))
 
 
-def _merge(sums: dict[str | None, _Sum], rows: Iterable[Sequence[Any]], sign: int) -> None:
+def _merge(sums: dict[str | None, _Sum], rows: Iterable[Sequence[Any]]) -> None:
     for key, basis, *values in rows:
         total = sums.get(key)
         if total is None:
             total = sums[key] = _Sum()
-        total.add(basis, values, sign)
+        total.add(basis, values)
 
 
 def _totals(sums: dict[str | None, _Sum]) -> list[SpendTotal]:
@@ -127,7 +149,7 @@ def _totals(sums: dict[str | None, _Sum]) -> list[SpendTotal]:
         requests, errors, prompt, cached, completion, reasoning, usd, fallbacks, refused = total.values
         if requests <= 0:
             continue
-        bases = ",".join(sorted(b for b, n in total.bases.items() if b and n > 0))
+        bases = ",".join(sorted(b for b in total.bases if b))
         ints = (int(requests), int(errors), int(prompt), int(cached), int(completion), int(reasoning))
         totals.append(SpendTotal(key, *ints, float(usd), bases, int(fallbacks), int(refused)))
     # The full scan's order: largest spend first, then by key (no key last).
