@@ -51,15 +51,21 @@ $$;
 -- A ledger that already has rows: sum them in once (this transaction holds the table's lock).
 LOCK TABLE requests IN SHARE MODE;
 INSERT INTO spend_rollup
-SELECT d.dimension, p.hours, (floor(r.time / 3600)::bigint - (floor(r.time / 3600) * 3600 > r.time)::int) / p.hours,
+SELECT d.dimension, 1, floor(r.time / 3600)::bigint - (floor(r.time / 3600) * 3600 > r.time)::int,
     coalesce(d.name, ''), d.name IS NULL, coalesce(r.cost_basis, ''),
     count(*), sum((r.status <> 'ok')::int), sum((r.status = 'refused')::int), sum((r.attempts > 1)::int),
     sum(r.prompt_tokens), sum(r.cached_prompt_tokens), sum(r.completion_tokens),
     sum(r.reasoning_tokens), sum(r.cost_usd)
 FROM requests r CROSS JOIN LATERAL (VALUES ('route', r.route), ('backend', r.backend), ('key', r.api_key_name),
     ('replica', r.replica), ('user', r.user_hash), ('refused', coalesce(r.error_type, ''))) AS d (dimension, name)
-CROSS JOIN (VALUES (1), (24)) AS p (hours)
 WHERE d.dimension <> 'refused' OR r.status = 'refused'
+GROUP BY 1, 2, 3, 4, 5, 6;
+-- The days, from the hours just summed (a day is 24 whole hours).
+INSERT INTO spend_rollup
+SELECT dimension, 24, bucket / 24, name, name_null, cost_basis, sum(requests), sum(errors), sum(refused),
+    sum(fallbacks), sum(prompt_tokens), sum(cached_prompt_tokens), sum(completion_tokens),
+    sum(reasoning_tokens), sum(cost_usd)
+FROM spend_rollup WHERE hours = 1
 GROUP BY 1, 2, 3, 4, 5, 6;
 CREATE TRIGGER requests_spend_rollup AFTER INSERT ON requests REFERENCING NEW TABLE AS new_rows
     FOR EACH STATEMENT EXECUTE FUNCTION spend_rollup_add();

@@ -24,7 +24,7 @@ CREATE TABLE spend_spans (hours INTEGER PRIMARY KEY);
 INSERT INTO spend_spans VALUES (1), (24);
 -- A ledger that already has rows: sum them in once.
 INSERT INTO spend_rollup
-SELECT dimension, hours, (CAST(time / 3600 AS INTEGER) - (CAST(time / 3600 AS INTEGER) * 3600 > time)) / hours,
+SELECT dimension, 1, CAST(time / 3600 AS INTEGER) - (CAST(time / 3600 AS INTEGER) * 3600 > time),
     coalesce(name, ''), name IS NULL, coalesce(cost_basis, ''),
     count(*), sum(status <> 'ok'), sum(status = 'refused'), sum(attempts > 1),
     sum(prompt_tokens), sum(cached_prompt_tokens), sum(completion_tokens), sum(reasoning_tokens), sum(cost_usd)
@@ -33,7 +33,14 @@ FROM (
         WHEN 'key' THEN r.api_key_name WHEN 'replica' THEN r.replica WHEN 'user' THEN r.user_hash
         ELSE coalesce(r.error_type, '') END AS name, r.*
     FROM requests r JOIN spend_dimensions d ON d.dimension <> 'refused' OR r.status = 'refused'
-) CROSS JOIN spend_spans
+)
+GROUP BY 1, 2, 3, 4, 5, 6;
+-- The days, from the hours just summed (a day is 24 whole hours).
+INSERT INTO spend_rollup
+SELECT dimension, 24, bucket / 24, name, name_null, cost_basis, sum(requests), sum(errors), sum(refused),
+    sum(fallbacks), sum(prompt_tokens), sum(cached_prompt_tokens), sum(completion_tokens),
+    sum(reasoning_tokens), sum(cost_usd)
+FROM spend_rollup WHERE hours = 1
 GROUP BY 1, 2, 3, 4, 5, 6;
 CREATE TRIGGER requests_spend_rollup AFTER INSERT ON requests BEGIN
     INSERT INTO spend_rollup
