@@ -49,15 +49,28 @@ class _Sum:
         self.bases.add(basis)
 
 
-# The sums a SpendTotal holds, in its order after ``key``, as a rollup and as a raw scan read them.
+# The sums a SpendTotal holds, in its order after ``key``, as the rollup and the raw rows give them.
 ROLLUP_SUMS = (
-    "sum(requests), sum(errors), sum(prompt_tokens), sum(cached_prompt_tokens), sum(completion_tokens),"
-    " sum(reasoning_tokens), sum(cost_usd), sum(fallbacks), sum(refused)"
+    "requests",
+    "errors",
+    "prompt_tokens",
+    "cached_prompt_tokens",
+    "completion_tokens",
+    "reasoning_tokens",
+    "cost_usd",
+    "fallbacks",
+    "refused",
 )
 RAW_SUMS = (
-    "count(*), sum(CASE WHEN status <> 'ok' THEN 1 ELSE 0 END), sum(prompt_tokens),"
-    " sum(cached_prompt_tokens), sum(completion_tokens), sum(reasoning_tokens), sum(cost_usd),"
-    " sum(CASE WHEN attempts > 1 THEN 1 ELSE 0 END), sum(CASE WHEN status = 'refused' THEN 1 ELSE 0 END)"
+    "1",
+    "CASE WHEN status <> 'ok' THEN 1 ELSE 0 END",
+    "prompt_tokens",
+    "cached_prompt_tokens",
+    "completion_tokens",
+    "reasoning_tokens",
+    "cost_usd",
+    "CASE WHEN attempts > 1 THEN 1 ELSE 0 END",
+    "CASE WHEN status = 'refused' THEN 1 ELSE 0 END",
 )
 # Each dimension's key as a raw row has it (refused: the reason, '' for none, as the rollup keeps it).
 RAW_KEYS = {
@@ -68,32 +81,38 @@ RAW_KEYS = {
     "user": "user_hash",
     "refused": "coalesce(error_type, '')",
 }
+Part = tuple[str, tuple[Any, ...]]  # a subquery of the one statement, and its parameters
 
 
 def rollup_totals(
     reader: Querying, dimension: str, since: float, until: float | None, pruned_before: float | None
 ) -> list[SpendTotal]:
-    """Per key of ``dimension``, the totals of the rows that started in [since, until)."""
-    sums: dict[str | None, _Sum] = {}
+    """Per key of ``dimension``, the totals of the rows that started in [since, until): one statement
+    that sums the rollup's buckets and the edges' raw rows (a few indexed probes first say which)."""
+    parts: list[Part] = []
     first = hour_of(since)  # the first whole hour, once the partial one is read
     if pruned_before is not None and since < pruned_before:
         since = first * HOUR_S  # the raw rows of that hour are gone: count it whole
     if since > first * HOUR_S and _any_rows(reader, first * HOUR_S, since):
         edge_end = (first + 1) * HOUR_S if until is None else min(until, (first + 1) * HOUR_S)
-        _merge(sums, _raw(reader, dimension, since, edge_end))
+        parts.append(_raw(dimension, since, edge_end))
         first += 1
     end: int | None = None  # the hour after the last whole one; None: no end
     if until is not None:
         end = hour_of(until)
         if end * HOUR_S < until and end >= first:  # a partial last hour
             if _any_rows(reader, until, (end + 1) * HOUR_S):
-                _merge(sums, _raw(reader, dimension, end * HOUR_S, until))
+                parts.append(_raw(dimension, end * HOUR_S, until))
             else:  # nothing in it after until (until is now): the hour's rollup is the window's
                 end += 1
     if end is None or end > first:
-        for hours, low, high in _spans(first, end):
-            _merge(sums, _rolled(reader, dimension, hours, low, high))
-    return _totals(sums)
+        parts += [_rolled(dimension, hours, low, high) for hours, low, high in _spans(first, end)]
+    if not parts:
+        return []
+    sums = ", ".join(f"sum(s{i})" for i in range(len(ROLLUP_SUMS)))
+    union = " UNION ALL ".join(sql for sql, _ in parts)
+    query = f"SELECT k, b, {sums} FROM ({union}) AS parts GROUP BY k, b"
+    return _totals(reader.query(query, tuple(p for _, params in parts for p in params)))
 
 
 def _spans(first: int, end: int | None) -> list[tuple[int, int, int | None]]:
@@ -115,35 +134,34 @@ def _any_rows(reader: Querying, since: float, until: float) -> bool:
     return bool(reader.query("SELECT 1 FROM requests WHERE time >= ? AND time < ? LIMIT 1", (since, until)))
 
 
-def _rolled(reader: Querying, dimension: str, hours: int, low: int, high: int | None) -> list[Any]:
+def _rolled(dimension: str, hours: int, low: int, high: int | None) -> Part:
     upper = "" if high is None else " AND bucket < ?"
     params: tuple[Any, ...] = (dimension, hours, low) if high is None else (dimension, hours, low, high)
+    sums = ", ".join(f"{column} AS s{i}" for i, column in enumerate(ROLLUP_SUMS))
     query = (
-        f"SELECT CASE WHEN name_null THEN NULL ELSE name END, cost_basis, {ROLLUP_SUMS} FROM spend_rollup"
-        f" WHERE dimension = ? AND hours = ? AND bucket >= ?{upper} GROUP BY name, name_null, cost_basis"
+        f"SELECT CASE WHEN name_null THEN NULL ELSE name END AS k, cost_basis AS b, {sums} FROM spend_rollup"
+        f" WHERE dimension = ? AND hours = ? AND bucket >= ?{upper}"
     )
-    return reader.query(query, params)
+    return query, params
 
 
-def _raw(reader: Querying, dimension: str, since: float, until: float) -> list[Any]:
-    column = RAW_KEYS[dimension]
+def _raw(dimension: str, since: float, until: float) -> Part:
     refused_only = " AND status = 'refused'" if dimension == "refused" else ""
+    sums = ", ".join(f"{expression} AS s{i}" for i, expression in enumerate(RAW_SUMS))
     query = (
-        f"SELECT {column}, coalesce(cost_basis, ''), {RAW_SUMS} FROM requests"
-        f" WHERE time >= ? AND time < ?{refused_only} GROUP BY 1, 2"
+        f"SELECT {RAW_KEYS[dimension]} AS k, coalesce(cost_basis, '') AS b, {sums} FROM requests"
+        f" WHERE time >= ? AND time < ?{refused_only}"
     )
-    return reader.query(query, (since, until))
+    return query, (since, until)
 
 
-def _merge(sums: dict[str | None, _Sum], rows: Iterable[Sequence[Any]]) -> None:
+def _totals(rows: Iterable[Sequence[Any]]) -> list[SpendTotal]:
+    sums: dict[str | None, _Sum] = {}
     for key, basis, *values in rows:
         total = sums.get(key)
         if total is None:
             total = sums[key] = _Sum()
         total.add(basis, values)
-
-
-def _totals(sums: dict[str | None, _Sum]) -> list[SpendTotal]:
     totals = []
     for key, total in sums.items():
         requests, errors, prompt, cached, completion, reasoning, usd, fallbacks, refused = total.values
