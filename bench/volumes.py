@@ -182,6 +182,11 @@ async def feed_writer(url: str, rate: int, seconds: float, batch_size: int) -> l
         rolled_before = int(reader.query(rolled)[0][0])
     ledger = open_ledger(LedgerSettings(batch_size=batch_size), url)
     await ledger.start()
+    backends = "SELECT pid FROM pg_stat_activity WHERE datname = current_database() AND application_name = ?"
+    with open_database(url).reading() as reader:
+        pids = [int(pid) for (pid,) in reader.query(backends, ("gateway-ledger",))]
+    server_started = sum(backend_cpu_s(pid) for pid in pids)
+    cpu_started = time.process_time()
     loop = asyncio.get_running_loop()
     samples: list[Sample] = []
     appended = 0
@@ -218,6 +223,10 @@ async def feed_writer(url: str, rate: int, seconds: float, batch_size: int) -> l
             )
             next_print += 10.0
         await asyncio.sleep(0.005)
+    with open_database(url).reading() as reader:
+        pids = list({*pids, *(int(pid) for (pid,) in reader.query(backends, ("gateway-ledger",)))})
+    server_cpu_s = sum(backend_cpu_s(pid) for pid in pids) - server_started
+    process_cpu_s = time.process_time() - cpu_started
     closing = loop.time()
     await ledger.close()
     close_s = loop.time() - closing
@@ -228,6 +237,8 @@ async def feed_writer(url: str, rate: int, seconds: float, batch_size: int) -> l
         ]
         in_rollup = int(reader.query(rolled)[0][0]) - rolled_before
     depths = [s.depth for s in samples]
+    server_row_s = server_cpu_s / max(1, ledger.rows_written)
+    process_row_s = process_cpu_s / max(1, appended)
     lags = sorted(s.lag_s for s in samples)
     lines += [
         f"appended {appended:,} rows ({appended / seconds:,.0f}/s); written {ledger.rows_written:,}; "
@@ -237,6 +248,9 @@ async def feed_writer(url: str, rate: int, seconds: float, batch_size: int) -> l
         f"(bound {200_000:,}); lag: median {statistics.median(lags) if lags else 0:.2f} s, "
         f"p99 {lags[int(0.99 * (len(lags) - 1))] if lags else 0:.2f} s, max {max(lags, default=0):.2f} s",
         f"close wrote the rest in {close_s:.2f} s",
+        f"CPU per row while it ran: the database server's {server_row_s * 1e6:.0f} us (its writer "
+        f"connections), this process's {process_row_s * 1e6:.0f} us (feeding and the writer thread): "
+        f"at {rate:,} rows/s, {server_row_s * rate:.0%} and {process_row_s * rate:.0%} of a core",
         f"rows in the database with this run's ids: {counted:,} = appended {appended:,}: "
         f"{'yes' if counted == appended else 'NO'}; the rollup grew by {in_rollup:,}",
     ]
