@@ -19,6 +19,7 @@ from gateway.commands import (
     cmd_keys_create,
     cmd_keys_list,
     cmd_ledger_migrate,
+    cmd_ledger_prune,
     cmd_serve,
     cmd_simulate,
     cmd_spend,
@@ -198,6 +199,7 @@ def build_parser() -> argparse.ArgumentParser:
         "manage the ledger database",
         "gateway ledger migrate                          # the ledger serve would write",
         "gateway ledger migrate --ledger postgresql://gateway@db/gateway",
+        "gateway ledger prune --before 90d               # keep 90 days of rows; totals stay whole",
     )
     ledger_sub = ledger.add_subparsers(required=True, metavar="ACTION")
     migrate = ledger_sub.add_parser(
@@ -216,6 +218,29 @@ def build_parser() -> argparse.ArgumentParser:
     )
     migrate.add_argument("--policy", default=str(DEFAULT_POLICY), help="the policy that names the ledger")
     migrate.set_defaults(func=cmd_ledger_migrate)
+    prune = ledger_sub.add_parser(
+        "prune",
+        help="delete request rows older than a date; spend reports keep their totals (hourly rollup)",
+        description="Delete the request rows that started before the hour holding --before. Their spend "
+        "stays in the ledger's hourly rollup, checked against the rows first, so `gateway spend` and the "
+        "dashboard report the same totals after as before (a window starting inside the pruned span "
+        "counts its first hour whole).",
+        formatter_class=HelpFormatter,
+        epilog=examples(
+            "gateway ledger prune --before 90d",
+            "gateway ledger prune --before 2026-01-01 --ledger postgresql://gateway@db/gateway --dry-run",
+        ),
+    )
+    prune.add_argument("--before", required=True, help="a span ago (90d, 12w) or an ISO date (UTC)")
+    prune.add_argument("--dry-run", action="store_true", help="count the rows it would delete, delete none")
+    prune.add_argument(
+        "--ledger",
+        default=None,
+        help=f"a SQLite file or a postgresql:// URL (default: as serve finds it: ${LEDGER_ENV}, else "
+        "the policy's)",
+    )
+    prune.add_argument("--policy", default=str(DEFAULT_POLICY), help="the policy that names the ledger")
+    prune.set_defaults(func=cmd_ledger_prune)
 
     check = command(
         "check",

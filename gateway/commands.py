@@ -58,6 +58,12 @@ def cmd_ledger_migrate(args: argparse.Namespace) -> int:
     return migrate_main(args.ledger, args.policy)
 
 
+def cmd_ledger_prune(args: argparse.Namespace) -> int:
+    from gateway.money.retention import prune_main
+
+    return prune_main(args.ledger, args.policy, args.before, args.dry_run)
+
+
 def cmd_check(args: argparse.Namespace) -> int:
     from gateway.policy.check import check_main
 

@@ -191,5 +191,6 @@ def postgres_url(postgres_database: str) -> Iterator[str]:
 
     url = url_of(postgres_database)
     with psycopg.connect(url, autocommit=True) as conn:
-        conn.execute("DROP TABLE IF EXISTS requests, probes, schema_migrations")
+        conn.execute("DROP TABLE IF EXISTS requests, probes, schema_migrations, spend_rollup, ledger_pruned")
+        conn.execute("DROP FUNCTION IF EXISTS spend_rollup_add")
     yield url

@@ -40,4 +40,9 @@ class LedgerDatabase(Protocol):
         """A reader on a connection of its own, closed (or given back) on exit."""
         ...
 
+    def maintaining(self) -> AbstractContextManager[LedgerReader]:
+        """A reader on a writable connection of its own, in one transaction committed on a clean exit
+        (rolled back on an exception): for maintenance such as ``gateway ledger prune``."""
+        ...
+
     def close(self) -> None: ...

@@ -36,9 +36,32 @@ def migrations(dialect: str) -> list[Migration]:
 
 
 def statements(script: str) -> tuple[str, ...]:
-    """The statements of a migration file: comments dropped, split at semicolons (none in strings)."""
+    """The statements of a migration file: comments dropped, split at semicolons (none in strings),
+    except those inside a PostgreSQL function body (between ``$$``) or a SQLite trigger's
+    ``BEGIN ... END``, which end statements of the body, not of the file."""
     text = "\n".join(line.split("--", 1)[0] for line in script.splitlines())
-    return tuple(s.strip() for s in text.split(";") if s.strip())
+    found: list[str] = []
+    current = ""
+    for piece in text.split(";"):
+        current += piece
+        if current.count("$$") % 2 or _open_trigger(current):
+            current += ";"
+            continue
+        if current.strip():
+            found.append(current.strip())
+        current = ""
+    if current.strip():
+        found.append(current.strip())
+    return tuple(found)
+
+
+def _open_trigger(statement: str) -> bool:
+    """A SQLite ``CREATE TRIGGER ... BEGIN`` whose ``END`` has not come yet."""
+    if not re.match(r"\s*CREATE\s+TRIGGER\b", statement, re.IGNORECASE):
+        return False
+    return bool(re.search(r"\bBEGIN\b", statement, re.IGNORECASE)) and not re.search(
+        r"\bEND\s*$", statement, re.IGNORECASE
+    )
 
 
 def latest_version(dialect: str) -> int:

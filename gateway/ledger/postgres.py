@@ -23,6 +23,22 @@ INSERT = (
 )
 # Synthetic probes have a table of their own: spend reports over ``requests`` never see them.
 INSERT_PROBE = INSERT.replace("INSERT INTO requests", "INSERT INTO probes", 1)
+# Rows per INSERT statement: one statement per batch fires the spend rollup's statement trigger once
+# per batch, not once per row (PostgreSQL takes at most 65,535 parameters in one statement).
+ROWS_PER_STATEMENT = 1000
+
+
+def insert_many(cursor: psycopg.Cursor[Any], insert: str, rows: Sequence[tuple[Any, ...]]) -> None:
+    """``insert`` (one row's VALUES) for every row, as few multi-row statements."""
+    head, _, tail = insert.partition(" VALUES ")
+    one, _, conflict = tail.partition(")")
+    for start in range(0, len(rows), ROWS_PER_STATEMENT):
+        chunk = rows[start : start + ROWS_PER_STATEMENT]
+        values = ", ".join([one + ")"] * len(chunk))
+        params = [value for row in chunk for value in row]
+        cursor.execute(f"{head} VALUES {values}{conflict}".encode(), params)
+
+
 MIGRATION_LOCK = 0x6C6564676572  # "ledger": one migrator at a time across the fleet
 # How long a write waits for a pooled connection. The pool connects in the background, so a slow
 # connect is not cut short by this: the write fails, its rows go to the spool, and the next write
@@ -111,9 +127,8 @@ class PostgresLedger:
                 psycopg.connect(self.url, connect_timeout=max(1, int(self._timeout_s))).close()
             with pool.connection() as conn, conn.cursor() as cursor:
                 requests, probes = split_probes(rows)
-                cursor.executemany(INSERT, requests)
-                if probes:
-                    cursor.executemany(INSERT_PROBE, probes)
+                insert_many(cursor, INSERT, requests)
+                insert_many(cursor, INSERT_PROBE, probes)
         except (psycopg.Error, PoolTimeout) as exc:
             self._away = True
             raise LedgerUnavailable(f"ledger write to {self.location} failed: {exc}") from exc
@@ -130,6 +145,14 @@ class PostgresLedger:
                 yield LedgerReader(conn, POSTGRESQL, self.location)
         except (psycopg.Error, PoolTimeout) as exc:
             raise LedgerUnavailable(f"reading the ledger at {self.location} failed: {exc}") from exc
+
+    @contextlib.contextmanager
+    def maintaining(self) -> Iterator[LedgerReader]:
+        try:
+            with psycopg.connect(self.url, connect_timeout=10) as conn, conn.transaction():
+                yield LedgerReader(conn, POSTGRESQL, self.location)
+        except (psycopg.Error, PoolTimeout) as exc:
+            raise LedgerUnavailable(f"maintaining the ledger at {self.location} failed: {exc}") from exc
 
     def close(self) -> None:
         if self._pool is not None:

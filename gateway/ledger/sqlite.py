@@ -108,6 +108,22 @@ class SqliteLedger:
         finally:
             conn.close()
 
+    @contextlib.contextmanager
+    def maintaining(self) -> Iterator[LedgerReader]:
+        try:
+            conn = connect(self.path)
+            conn.execute("BEGIN IMMEDIATE")
+        except sqlite3.Error as exc:
+            raise LedgerUnavailable(f"cannot write the ledger at {self.path}: {exc}") from exc
+        try:
+            yield LedgerReader(conn, SQLITE, self.location)
+            conn.execute("COMMIT")
+        except BaseException:
+            conn.execute("ROLLBACK")
+            raise
+        finally:
+            conn.close()
+
     def close(self) -> None:
         if self._conn is not None:
             self._conn.close()
