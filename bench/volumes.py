@@ -15,6 +15,10 @@
    the PostgreSQL ledger for ``--writer-seconds`` (600): its queue depth and lag each second, then
    the rows counted in the database, which must be the rows appended.
 
+4. The simulator at volume: ``python -m bench.simspeed`` (kimi-day at 1x, 4x and 16x of its traffic through
+   the gateway's own decision: simulated requests per CPU second and how far from linear), run as a
+   process of its own so its CPU is its own.
+
 Query times are wall-clock on whatever machine runs it: say its load when quoting them.
 """
 
@@ -282,7 +286,7 @@ def main() -> None:
         help="the policy's ledger.batch_size: most rows per transaction (the default policy's is 500)",
     )
     parser.add_argument("--keep", action="store_true", help="keep the ledgers this run made")
-    parser.add_argument("--skip", action="append", default=[], choices=["pg", "sqlite", "writer"])
+    parser.add_argument("--skip", action="append", default=[], choices=["pg", "sqlite", "writer", "sim"])
     args = parser.parse_args()
     import psycopg
 
@@ -320,6 +324,12 @@ def main() -> None:
             if args.sqlite is None and not args.keep:
                 for suffix in ("", "-wal", "-shm"):
                     Path(f"{path}{suffix}").unlink(missing_ok=True)
+        if "sim" not in args.skip:
+            print("the simulator at 1x, 4x and 16x (python -m bench.simspeed)...", flush=True)
+            simulated = subprocess.run(
+                [sys.executable, "-m", "bench.simspeed"], capture_output=True, text=True, check=True
+            )
+            lines += ["simulator (python -m bench.simspeed):", *simulated.stdout.splitlines()]
         if "writer" not in args.skip:
             lines += asyncio.run(feed_writer(url, args.writer_rate, args.writer_seconds, args.writer_batch))
     finally:
