@@ -233,7 +233,7 @@ class Ledger:
             self._spool_held()  # first, so a write that hangs holds only the rows that come meanwhile
             if time.monotonic() < self._retry_at:
                 return False
-        if self._write_held() and self._replay_spool():
+        if self._write_held() and self._replay_spool() and self._reached():
             self._failures = 0
             if not self.pending and not self.spooled:
                 self.oldest_pending_since = None
@@ -242,6 +242,21 @@ class Ledger:
         self._retry_at = time.monotonic() + min(RETRY_MAX_S, 0.1 * 2**self._failures)
         self._spool_held()
         return False
+
+    def _reached(self) -> bool:
+        """Whether the database answers, asked only while it is thought away and this cycle wrote nothing
+        (another replica sharing the spool wrote its rows, and no new ones came): else ``up`` would
+        stay false until the next request."""
+        if self.up:
+            return True
+        try:
+            with self.database.reading() as reader:
+                reader.query("SELECT 1")
+        except LedgerUnavailable:
+            return False
+        self.up = True
+        log.warning("ledger %s is back", self.location)
+        return True
 
     def _keyed(self, rows: list[LedgerRow]) -> list[Keyed]:
         return [(*row, next(self._keys)) for row in rows]

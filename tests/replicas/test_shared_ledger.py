@@ -266,9 +266,10 @@ def test_postgres_away_for_twenty_seconds_fails_no_request_and_the_backlog_is_wr
     load_rows = rows(shared.direct_url, "request_id LIKE 'load-%'")
     assert len(load_rows) == len({r["request_id"] for r in load_rows}), "no row written twice"
     for replica in shared.replicas:
-        seen = metrics(replica)
-        assert seen["gateway_ledger_up{}"] == 1 and seen["gateway_ledger_write_errors_total{}"] > 0
-        eventually(lambda r=replica: held(metrics(r)) == 0)
+        # Each replica is back once its pool has a connection again (psycopg's pool reconnects with a
+        # backoff of its own), even one whose rows another replica wrote from the shared spool.
+        eventually(lambda r=replica: metrics(r)["gateway_ledger_up{}"] == 1 and held(metrics(r)) == 0)
+        assert metrics(replica)["gateway_ledger_write_errors_total{}"] > 0
 
 
 def held(seen: dict[str, float]) -> float:
