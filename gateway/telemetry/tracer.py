@@ -9,7 +9,6 @@ from __future__ import annotations
 import os
 import socket
 from collections.abc import Callable, Mapping
-from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 import orjson
@@ -115,7 +114,10 @@ class RequestTrace:
             assert parent is not None
             header, state = traceparent(parent.trace_id, parent.span_id, parent.sampled), parent.trace_state
         lines = f"traceparent: {header}\r\n" + (f"tracestate: {state}\r\n" if state else "")
-        return replace(call, trace_headers=lines.encode("latin-1"))
+        # Built field by field: dataclasses.replace was a quarter of tracing's request-path cost.
+        return UpstreamCall(
+            call.backend, call.path, call.body, call.stream, call.wait_s, lines.encode("latin-1")
+        )
 
     def waited(self, began: float, ended: float) -> None:
         """A wait in the route's queue, in the gateway's clock."""
