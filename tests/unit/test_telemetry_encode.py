@@ -11,6 +11,7 @@ from typing import Any
 from gateway.policy.decide import Decision
 from gateway.policy.evaluate import CandidateEval
 from gateway.policy.load import load_policy
+from gateway.policy.schema import Slo
 from gateway.telemetry.encode import request_span_messages
 from gateway.telemetry.otlp import envelope, export_body, export_request
 from gateway.telemetry.spans import TraceIds, request_spans
@@ -25,11 +26,11 @@ SCOPE = ("s", "1")
 def candidate(
     backend: str, ttft: float | None, cost: float | None, blocked: tuple[str, ...]
 ) -> CandidateEval:
-    extra = len(CandidateEval._fields) - 9
-    evals = CandidateEval(
-        backend, not blocked, True, ttft is not None, ttft, ttft, 90.0, 0.0, 15.0, *[None] * extra
-    )
-    return evals._replace(expected_cost_usd=cost, blocked_by=blocked)
+    measured = ttft is not None
+    return CandidateEval(
+        backend, not blocked, measured, measured, ttft, ttft, 90.0, 0.0, 15.0, cost, 16.0, True, None, None,
+        None, 0, None, blocked, Slo(),
+    )  # fmt: skip
 
 
 def settled(seed: int) -> tuple[TraceIds, Observation, Decision]:
