@@ -248,12 +248,12 @@ def attempt_span_message(
         ):
             if value is not None:
                 attrs[key] = value
-        if error is not None:
+        if attempt.status != "ok":
             attrs["error.type"] = attempt.status
         attrs.update(extra or {})
         block = text_field(5, name or f"{operation} {model}") + b"\x30" + varint(KIND_CLIENT)
         block += attributes(9, attrs)
-        return block + (error_status(error) if error is not None else b"") + SAMPLED_FLAGS
+        return block + SAMPLED_FLAGS
 
     fixed = _cached(
         (
@@ -262,7 +262,6 @@ def attempt_span_message(
             None if backend is None else (backend.model, backend.dialect, backend.base_url),
             operation,
             attempt.status,
-            error,
             attempt.http_status,
             attempt.cost_basis,
             attempt.resumed,
@@ -272,6 +271,8 @@ def attempt_span_message(
         attempt_block,
     )
     out = [span_ids(trace_id, span_id, parent), span_times(ns(attempt.started_at), ns(end)), fixed]
+    if error is not None:  # its message is free text (an upstream's words): written, never cached
+        out.append(error_status(error))
     if attempt.ttft_s is not None:
         out.append(kv_double(9, "gen_ai.response.time_to_first_chunk", attempt.ttft_s))
     if attempt.first_answer_s is not None:

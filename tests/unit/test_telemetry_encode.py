@@ -41,7 +41,7 @@ def settled(seed: int) -> tuple[TraceIds, Observation, Decision]:
         10.0 + seed,
         status="dropped",
         http_status=200,
-        error="upstream closed",
+        error=f"upstream closed after {seed} chunks",
         ttft_s=0.01 * seed,
         finished_at=10.5 + seed,
         usage=Usage(100 + seed, 9, 3),
