@@ -27,7 +27,10 @@ from tests.simulate.fidelity import through_gateway, through_simulator, workload
 pytestmark = pytest.mark.slow
 SHORT_RUN_S = 120.0  # emulated seconds: 30 s of real time at the time scale of the comparison
 RESUMED_GAP = 2  # the streams under way at the death: which of them had begun is a matter of milliseconds
-DEATH_SHARE_GAP = 0.10  # see the death case
+# After the death the pool is taken back when its circuit's doubling cooldown lets a trial through, a
+# moment that turns on which requests met it down: the gateway's B300 share spans 33-46% over 6 runs of
+# the 120 s ramp, the simulator's 42-46% over 4 seeds (``python -m tests.simulate.fidelity 120 4 --death``).
+DEATH_SHARE_GAP = 0.10
 
 
 def _agree(real: dict[str, Any], simulated: dict[str, Any], sent: int) -> None:
@@ -76,6 +79,9 @@ def test_when_the_pool_dies_mid_stream_both_resume_the_cut_streams_alike(tmp_pat
     assert simulated["failures"] == 0, f"the simulator lost {simulated['failures']} cut streams"
     assert abs(simulated["resumed"] - real["resumed"]) <= RESUMED_GAP, (real["resumed"], simulated["resumed"])
     assert simulated["total_cost_usd"] == pytest.approx(real["total_cost_usd"], rel=0.05)
+    # No TTFT here: the ledger's ttft_s is the final attempt's own (a resumed stream's wait in the A100's
+    # queue), the simulator's runs from arrival and keeps a resumed stream's first token; after a death
+    # the two part by tens of seconds (p95 30-46 s against 11.6 s), which says nothing of the simulator.
     for backend in ("b300-vllm", "paid-api", "a100-llamacpp"):
         gap = abs(simulated["share"].get(backend, 0.0) - real["share"].get(backend, 0.0))
         assert gap <= DEATH_SHARE_GAP, (backend, real["share"], simulated["share"])
