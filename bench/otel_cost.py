@@ -62,37 +62,60 @@ EVENTS: list[tuple[str, dict[str, Any]]] = [
 
 
 def ours() -> tuple[float, float]:
+    """The gateway's way: the request path keeps the settled request as it is (so "making spans" here is
+    only making the request's own records, which the gateway makes anyway); the exporter's thread writes
+    its spans straight to OTLP bytes (``gateway.telemetry.encode``)."""
+    from gateway.policy.decide import Decision
+    from gateway.policy.evaluate import CandidateEval
+    from gateway.policy.schema import Slo
     from gateway.telemetry.context import new_span_id, new_trace_id
-    from gateway.telemetry.otlp import export_request
-    from gateway.telemetry.spans import KIND_CLIENT, KIND_SERVER, Event, Span
+    from gateway.telemetry.encode import request_span_messages
+    from gateway.telemetry.otlp import envelope, export_body
+    from gateway.telemetry.spans import TraceIds
+    from gateway.values.observation import Attempt, Observation, Usage
 
-    def make() -> list[Span]:
-        trace_id, server_id, now = new_trace_id(), new_span_id(), time.time_ns()
-        server = Span(
-            trace_id, server_id, b"", "chat kimi-k3", KIND_SERVER, now, now + 1000, dict(SERVER_ATTRS)
+    def candidate(name: str) -> CandidateEval:
+        return CandidateEval(
+            name, True, True, True, 0.3, 0.3, 90.0, 0.0, 15.0, 0.0002, 48.0, True, True, None, None, 100,
+            None, (), Slo(),
+        )  # fmt: skip
+
+    evals = (candidate("a"), candidate("b"))
+    backends: dict[str, Any] = {}
+
+    def make(index: int) -> tuple[TraceIds, Observation, Decision]:
+        ids = TraceIds(new_trace_id(), new_span_id(), b"", "", 1.7e9)
+        failed = Attempt("a", 10.0, status="upstream_error", http_status=503, finished_at=10.1)
+        answered = Attempt(
+            "b",
+            10.1,
+            http_status=200,
+            ttft_s=0.25,
+            finished_at=11.0,
+            usage=Usage(600, 48, 32, 512),
+            cost_usd=0.0002,
+            cost_basis="gpu_hours_amortized",
         )
-        server.events = [Event(name, now, dict(attrs)) for name, attrs in EVENTS]
-        clients = [
-            Span(
-                trace_id,
-                new_span_id(),
-                server_id,
-                "chat moonshotai/Kimi-K3",
-                KIND_CLIENT,
-                now,
-                now + 500,
-                dict(CLIENT_ATTRS),
-            )
-            for _ in range(2)
-        ]
-        return [server, *clients]
+        observation = Observation(
+            f"{index:024x}",
+            "kimi-k3",
+            "chat",
+            True,
+            9.99,
+            max_tokens=1024,
+            decision_reason="cheapest_within_slo",
+            attempts=[failed, answered],
+            finished_at=11.0,
+            cost_usd=0.00039,
+        )
+        return ids, observation, Decision(("a", "b"), "cheapest_within_slo", evals, 0.0002)
 
     started = time.process_time()
-    traces = [make() for _ in range(REQUESTS)]
+    settled = [make(index) for index in range(REQUESTS)]
     made = time.process_time()
-    resource = {"service.name": "llm-gateway"}
-    for trace in traces:
-        export_request(resource, ("gateway.telemetry", "1"), trace)
+    parts = envelope({"service.name": "llm-gateway"}, ("gateway.telemetry", "1"))
+    for ids, observation, decision in settled:
+        export_body(parts, request_span_messages(ids, observation, decision, backends, None))
     return made - started, time.process_time() - made
 
 

@@ -346,6 +346,11 @@ def build_parser() -> argparse.ArgumentParser:
     advise.add_argument("--seed", type=int, default=0, help="seed of the decisions and backend timings")
     advise.add_argument("--no-plots", action="store_true", help="skip the PNG plots")
     advise.add_argument("--quiet", action="store_true", help="no progress lines")
+    advise.add_argument(
+        "--full-replay",
+        action="store_true",
+        help="replay every day (runs over a week replay a sample of days by default)",
+    )
     advise.set_defaults(func=cmd_advise)
     return parser
 

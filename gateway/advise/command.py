@@ -62,6 +62,7 @@ def advise_main(args: argparse.Namespace) -> int:
                 max_replicas=args.max_replicas,
                 progress=progress,
                 workers=cores(),
+                sample=False if args.full_replay else None,
             )
     except (WorkloadError, ValueError) as exc:
         print(f"gateway advise: {exc}", file=sys.stderr)
@@ -97,14 +98,15 @@ def cpu_seconds() -> float:
 
 @contextlib.contextmanager
 def plans_progress(quiet: bool) -> Iterator[Callable[[PlanResult, int], None] | None]:
-    """A bar on stderr over the plans judged, each named as its result comes in."""
+    """A bar on stderr over the replays (a plan each, or a plan's sampled day), each named as its
+    result comes in."""
     if quiet:
         yield None
         return
     from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-    columns = (TextColumn("plans judged"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
+    columns = (TextColumn("replays"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
     with Progress(*columns, TextColumn("{task.description}"), console=Console(stderr=True)) as bar:
         task = bar.add_task("", total=None)
 

@@ -17,13 +17,14 @@ from gateway.simulate.workload import Workload
 Done = Callable[[PlanResult], None]  # told as each plan's result comes in
 
 # What the forked workers read: set just before the fork, cleared after.
-_job: tuple[CompiledPolicy, Workload, list[Plan], list[PoolModel], int] | None = None
+_job: tuple[CompiledPolicy, list[tuple[Workload, Plan]], list[PoolModel], int] | None = None
 
 
 def _judge(index: int) -> PlanResult:
     assert _job is not None
-    policy, workload, plans, pools, seed = _job
-    return run_plan(policy, workload, plans[index], pools, seed)
+    policy, runs, pools, seed = _job
+    workload, plan = runs[index]
+    return run_plan(policy, workload, plan, pools, seed)
 
 
 def cores() -> int:
@@ -41,20 +42,34 @@ def judge_plans(
     done: Done | None = None,
 ) -> list[PlanResult]:
     """Each plan's result, in the plans' order."""
+    return judge_runs(policy, [(workload, plan) for plan in plans], pools, seed, workers=workers, done=done)
+
+
+def judge_runs(
+    policy: CompiledPolicy,
+    runs: list[tuple[Workload, Plan]],
+    pools: list[PoolModel],
+    seed: int,
+    *,
+    workers: int,
+    done: Done | None = None,
+) -> list[PlanResult]:
+    """Each (traffic, plan) replay's result, in the runs' order: the plans over the whole run, or
+    over each sampled day (``sampling.py``)."""
     global _job
-    workers = min(workers, len(plans))
+    workers = min(workers, len(runs))
     if workers <= 1 or "fork" not in multiprocessing.get_all_start_methods():
         results = []
-        for plan in plans:
+        for workload, plan in runs:
             results.append(run_plan(policy, workload, plan, pools, seed))
             if done is not None:
                 done(results[-1])
         return results
-    _job = (policy, workload, plans, pools, seed)
+    _job = (policy, runs, pools, seed)
     try:
         with multiprocessing.get_context("fork").Pool(workers) as pool:
             results = []
-            for result in pool.imap(_judge, range(len(plans))):
+            for result in pool.imap(_judge, range(len(runs))):
                 results.append(result)
                 if done is not None:
                     done(result)

@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from gateway.advise.plans import PlanResult
+from gateway.advise.sampling import describe
 from gateway.advise.search import SENSITIVITY, Advice
 
 
@@ -73,6 +74,8 @@ def summary_lines(advice: Advice) -> list[str]:
             f" (now {s.peak_replicas}),"
             f" {s.replica_hours_per_day_at_scale} replica-hours a day (now {s.replica_hours_per_day})"
         )
+    if advice.samples:
+        lines += describe(advice.samples, advice.days_cut)
     return lines
 
 
@@ -91,6 +94,10 @@ def to_json(advice: Advice) -> dict[str, Any]:
         "days_seen": advice.days_seen,
         "slo_target": advice.slo_target,
         "recommended": advice.recommended.plan.name,
+        "replay": "sampled" if advice.samples else "full",
+        "days_replayed": [
+            {"date": s.date, "kind": s.kind, "stands_for": list(s.stands_for)} for s in advice.samples
+        ],
         "plans": [r.as_json() for r in advice.results],
         "schedule": {
             pool: [

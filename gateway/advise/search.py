@@ -12,6 +12,7 @@ from typing import NamedTuple
 
 from gateway.advise.judging import judge_plans
 from gateway.advise.plans import Plan, PlanResult, fixed_plan
+from gateway.advise.sampling import SAMPLE_AFTER_S, DaySample, day_cuts, judge_sampled, sample_days
 from gateway.advise.schedule import (
     DayKind,
     Window,
@@ -60,6 +61,8 @@ class Advice:
     hourly: dict[str, list[int]] = field(default_factory=dict)  # the model's replicas per hour of day
     sensitivity: dict[str, Sensitivity] = field(default_factory=dict)
     day_kinds: list[DayKind] = field(default_factory=list)  # the schedule's kinds of day
+    samples: list[DaySample] = field(default_factory=list)  # the days replayed; none: every day was
+    days_cut: int = 0  # the run's days (cut at UTC midnights), of which ``samples`` were replayed
 
     @property
     def today(self) -> PlanResult:
@@ -78,9 +81,11 @@ def advise(
     max_replicas: int | None = None,
     progress: Callable[[PlanResult, int], None] | None = None,
     workers: int = 1,
+    sample: bool | None = None,
 ) -> Advice:
-    """``progress`` is told each plan's result as it comes in, with how many plans are judged;
-    ``workers`` plans are replayed at once (``judging.py``)."""
+    """``progress`` is told each replay's result as it comes in, with how many replays there are;
+    ``workers`` replays run at once (``judging.py``). ``sample``: replay a sample of the days
+    (``sampling.py``); by default only when the run is longer than a week."""
     pools = pool_models(policy, workload, max_replicas)
     hours = hourly_traffic(workload)
     per_hour = hourly_replicas(policy, pools, hours)
@@ -123,8 +128,16 @@ def advise(
             continue  # the same capacity judged once, under its first name
         seen.add(plan.label)
         judged.append(plan)
-    done = None if progress is None else (lambda result: progress(result, len(judged)))
-    results = judge_plans(policy, workload, judged, pools, seed, workers=workers, done=done)
+    if sample is None:
+        sample = duration > SAMPLE_AFTER_S
+    samples = sample_days(workload) if sample else []
+    if samples:
+        results = judge_sampled(
+            policy, workload, judged, pools, seed, samples, workers=workers, done=progress
+        )
+    else:
+        done = None if progress is None else (lambda result: progress(result, len(judged)))
+        results = judge_plans(policy, workload, judged, pools, seed, workers=workers, done=done)
     keeping = [r for r in results if r.slo_attainment >= slo_target]
     recommended = (
         min(keeping, key=lambda r: r.total_usd) if keeping else max(results, key=lambda r: r.slo_attainment)
@@ -141,6 +154,8 @@ def advise(
         hourly=by_kind[kinds[0]],
         day_kinds=kinds,
         sensitivity=sensitivity(policy, pools, hours, workload.start_wall, needs),
+        samples=samples,
+        days_cut=len(day_cuts(workload)),
     )
 
 

@@ -38,6 +38,9 @@ class Faults(BaseModel):
     # Boot again, cold, for this many emulated seconds from now (health answers 503 meanwhile);
     # acted on once when set, then cleared.
     cold_boot_s: float | None = Field(None, gt=0.0)
+    # The server dies now (``dying.py``): every request it holds is cut with no further byte, and for this
+    # many emulated seconds nothing answers (0: it is back at once); acted on once when set, then cleared.
+    dies_for_s: float | None = Field(None, ge=0.0)
     # vLLM's dead engine: /health answers 503 and every request 500 (docs/contracts/vllm.yaml, health.dead).
     engine_dead: bool = False
 

@@ -18,6 +18,7 @@ from starlette.responses import Response
 
 from gateway.emulator.dialect_choice import dialect_for
 from gateway.emulator.dialects import openai_error
+from gateway.emulator.dying import Death
 from gateway.emulator.engine import Engine, Generation, Plan
 from gateway.emulator.faults import Faults, RateLimiter, retry_after_headers
 from gateway.emulator.parsing import (
@@ -95,17 +96,20 @@ class Emulator:
         self.reports_cached_tokens = flag is None or flag in profile.engine_args
         self.health_generations = 0  # SGLang: health checks that ran a one-token generation
         self._rebooted = asyncio.Event()
+        self.death = Death()  # the dies_for_s fault
 
     def refuses_connections(self) -> bool:
-        """Whether the server is not listening at all now (vLLM and SGLang while the weights load)."""
-        return self.profile.dialect in REFUSE_WHILE_LOADING and self.engine.loading
+        """Whether the server is not listening at all now (vLLM and SGLang while loading; any while dead)."""
+        loading = self.profile.dialect in REFUSE_WHILE_LOADING and self.engine.loading
+        return loading or self.death.down(self.engine.now())
 
     def loading_left_s(self) -> float:
-        """Real seconds until the weights are loaded (``listener.GatedServer`` listens then)."""
-        return self.engine.real_s(self.engine.loading_left_s())
+        """Real seconds until loaded and not dead (``listener.GatedServer`` listens then)."""
+        engine = self.engine
+        return engine.real_s(max(engine.loading_left_s(), self.death.down_left_s(engine.now())))
 
     async def reboot(self) -> None:
-        """Returns when a cold boot begins (the cold_boot_s fault)."""
+        """Returns when a cold boot (cold_boot_s) or a death (dies_for_s) begins."""
         self._rebooted.clear()
         await self._rebooted.wait()
 
@@ -114,6 +118,10 @@ class Emulator:
             self.engine.boot_for(faults.cold_boot_s)
             self._rebooted.set()
             faults = faults.model_copy(update={"cold_boot_s": None})
+        if faults.dies_for_s is not None:
+            self.death.die(self.engine.now(), faults.dies_for_s)
+            self._rebooted.set()  # listener.GatedServer stops listening while it is down
+            faults = faults.model_copy(update={"dies_for_s": None})
         self.faults = faults
         self.engine.set_slowdown(faults.slowdown)
         self.engine.set_seats(faults.seats)
@@ -190,8 +198,9 @@ class Emulator:
         turn, plan = self._plan(parsed, faults)
         generation = self.engine.generation(plan)
         if parsed.stream:
-            return Reply(self._stream(turn, generation, faults.drop_after_chunks, faults.error_after_chunks))
-        return Reply(self._whole(turn, generation))
+            stream = self._stream(turn, generation, faults.drop_after_chunks, faults.error_after_chunks)
+            return Reply(self.death.cuttable(stream))
+        return Reply(self.death.cuttable(self._whole(turn, generation)))
 
     def state(self) -> dict[str, Any]:
         engine, totals = self.engine, self.engine.totals

@@ -14,9 +14,9 @@ from collections.abc import Mapping
 from typing import Protocol
 from urllib.parse import urlsplit
 
-from gateway.telemetry.otlp import export_request
+from gateway.telemetry.otlp import envelope, export_body
 from gateway.telemetry.settings import TelemetrySettings
-from gateway.telemetry.spans import AttributeValue, Span
+from gateway.telemetry.spans import AttributeValue
 
 log = logging.getLogger("gateway")
 SCOPE = ("gateway.telemetry", "1")
@@ -25,16 +25,18 @@ CLOSE_WAIT_S = 5.0
 
 
 class Pending(Protocol):
-    """A settled request (or probe) whose spans are built only in the exporter's thread."""
+    """A settled request (or probe) whose spans are written only in the exporter's thread: each as an
+    OTLP ``Span`` message."""
 
     def span_count(self) -> int: ...
 
-    def spans(self) -> list[Span]: ...
+    def span_messages(self) -> list[bytes]: ...
 
 
 class SpanExporter:
     def __init__(self, settings: TelemetrySettings, resource: Mapping[str, AttributeValue]) -> None:
-        self._settings, self._resource = settings, resource
+        self._settings = settings
+        self._envelope = envelope(resource, SCOPE)
         self._queue: deque[Pending] = deque()
         self._max, self._batch = settings.max_queued_traces, settings.batch_traces
         self._wake, self._stopping = threading.Event(), threading.Event()
@@ -88,15 +90,15 @@ class SpanExporter:
             batch: list[Pending] = []
             while queue and len(batch) < self._batch:
                 batch.append(queue.popleft())
-            spans: list[Span] = []
+            spans: list[bytes] = []
             for pending in batch:
                 try:
-                    spans += pending.spans()
-                except Exception:  # a bug in building one request's spans must not stop the exporter
-                    log.exception("could not build a trace's spans")
+                    spans += pending.span_messages()
+                except Exception:  # a bug in writing one request's spans must not stop the exporter
+                    log.exception("could not write a trace's spans")
                     self.dropped_spans["export_failed"] += pending.span_count()
             if spans:
-                self._post(export_request(self._resource, SCOPE, spans), len(spans))
+                self._post(export_body(self._envelope, spans), len(spans))
 
     def _post(self, body: bytes, count: int) -> None:
         try:

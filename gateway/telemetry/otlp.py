@@ -96,6 +96,9 @@ def attributes(field: int, values: Mapping[str, AttributeValue]) -> bytes:
     return b"".join(out)
 
 
+# For the request writer (encode.py), which writes the same wire format around cached blocks.
+varint, len_field, text_field = _varint, _len, _text
+
 _INT_TAG, _DOUBLE_TAG = _key(3, 0), _key(4, 1)
 _KIND_TAG, _START_TAG, _END_TAG = _key(6, 0), _key(7, 1), _key(8, 1)
 _SAMPLED_FLAGS = _key(16, 5) + _fixed32.pack(1)
@@ -104,7 +107,9 @@ _SAMPLED_FLAGS = _key(16, 5) + _fixed32.pack(1)
 # Bounded, whatever names and values a policy or its clients bring (a request id is never a repeat:
 # the cache fills with them and then stops growing).
 MAX_CACHED = 8192
-UNIQUE_VALUES = frozenset({"gateway.request_id", "gateway.resumes_span_id", "gen_ai.input.messages"})
+UNIQUE_VALUES = frozenset(
+    {"gateway.request_id", "gateway.resumes_span_id", "gen_ai.input.messages", "gen_ai.output.messages"}
+)
 _encoded_pairs: dict[tuple[int, str, AttributeValue], bytes] = {}
 _encoded_names: dict[str, bytes] = {}
 
@@ -147,3 +152,71 @@ def export_request(
     span_list: Sequence[bytes] = [_len(2, span_bytes(span)) for span in spans]
     scope_spans = _len(2, scope_bytes + b"".join(span_list))
     return _len(1, _len(1, attributes(1, resource)) + scope_spans)
+
+
+# The pieces the request writer (encode.py) puts around its cached blocks.
+SAMPLED_FLAGS = _SAMPLED_FLAGS
+
+
+def envelope(resource: Mapping[str, AttributeValue], scope: tuple[str, str]) -> tuple[bytes, bytes]:
+    """The parts of every export that never change, written once: the resource and the scope."""
+    return _len(1, attributes(1, resource)), _len(1, _text(1, scope[0]) + _text(2, scope[1]))
+
+
+def export_body(parts: tuple[bytes, bytes], spans: Sequence[bytes]) -> bytes:
+    """One ``ExportTraceServiceRequest``: resource_spans 1 > (resource 1, scope_spans 2 > (scope 1,
+    spans 2)), around span messages already written."""
+    resource, scope = parts
+    return _len(1, resource + _len(2, scope + b"".join([_len(2, span) for span in spans])))
+
+
+def kv_int(field: int, name: str, value: int) -> bytes:
+    """KeyValue {key 1, value 2: AnyValue {int_value 3}}, its field tag and key written once per name."""
+    tag, key = _KEYS.get((field, name)) or _key_of(field, name)
+    encoded = _SMALL[value] if 0 <= value < 0x80 else _varint(value)
+    size = len(encoded)
+    return tag + _SMALL[len(key) + 3 + size] + key + _INT_VALUE_HEADS[size] + encoded
+
+
+def kv_double(field: int, name: str, value: float) -> bytes:
+    """KeyValue {key 1, value 2: AnyValue {double_value 4}}: a fixed size, so only the 8 bytes vary."""
+    head = _DOUBLE_HEADS.get((field, name))
+    if head is None:
+        tag, key = _KEYS.get((field, name)) or _key_of(field, name)
+        head = _DOUBLE_HEADS[field, name] = tag + _SMALL[len(key) + 11] + key + b"\x12\x09\x21"
+    return head + _double.pack(value)
+
+
+def _key_of(field: int, name: str) -> tuple[bytes, bytes]:
+    # Only the names encode.py writes come here (a fixed set), all short enough that a KeyValue
+    # of a number stays under 128 bytes: its length is one byte.
+    key = _text(1, name)
+    assert len(key) < 100, name
+    found = _KEYS[field, name] = (_varint(field << 3 | 2), key)
+    return found
+
+
+_KEYS: dict[tuple[int, str], tuple[bytes, bytes]] = {}
+_DOUBLE_HEADS: dict[tuple[int, str], bytes] = {}
+# AnyValue's length and int_value's tag, by the varint's size (1 to 10 bytes).
+_INT_VALUE_HEADS = [b"\x12" + bytes((size + 1,)) + b"\x18" for size in range(11)]
+
+
+def fixed64(value: int) -> bytes:
+    return max(value, 0).to_bytes(8, "little")
+
+
+def span_times(start_ns: int, end_ns: int) -> bytes:
+    # start_time_unix_nano 7, end_time_unix_nano 8 (fixed64)
+    return b"\x39" + fixed64(start_ns) + b"\x41" + fixed64(max(end_ns, start_ns))
+
+
+def span_ids(trace_id: bytes, span_id: bytes, parent: bytes) -> bytes:
+    # trace_id 1, span_id 2, parent_span_id 4
+    out = b"\x0a\x10" + trace_id + b"\x12\x08" + span_id
+    return out + b"\x22\x08" + parent if parent else out
+
+
+def error_status(message: str) -> bytes:
+    # Status 15 {message 2, code 3}
+    return _len(15, _text(2, message) + b"\x18" + _varint(STATUS_ERROR))

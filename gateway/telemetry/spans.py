@@ -1,13 +1,13 @@
 """A settled request as spans: the server span, the route's queue, one client span per attempt, the
-decision as events. Built in the exporter's thread from the request's ``Observation`` and ``Decision``,
-never on the request path.
+decision as events, as objects: the model the exporter's writer (``encode``) follows, and what probes'
+and tests' spans are read against. Never built on the request path.
 
 Names follow the OpenTelemetry GenAI semantic conventions (docs/registry/attributes/gen-ai.md of
 open-telemetry/semantic-conventions, now kept in semantic-conventions-genai) where they exist:
 ``gen_ai.operation.name``, ``gen_ai.provider.name``, ``gen_ai.request.model``/``max_tokens``/``stream``,
 ``gen_ai.response.model``, ``gen_ai.usage.input_tokens``/``output_tokens``/
 ``cache_read.input_tokens``/``reasoning.output_tokens``, ``gen_ai.response.time_to_first_chunk``,
-``gen_ai.input.messages``; ``server.address``/``server.port``, ``error.type``,
+``gen_ai.input.messages``/``output.messages``; ``server.address``/``server.port``, ``error.type``,
 ``http.response.status_code`` from the general ones; ``gateway.*`` for what only a gateway knows
 (route, decision, cost, queue, resume).
 """
@@ -93,8 +93,13 @@ def request_spans(
     decision: Decision | None,
     backends: Mapping[str, CompiledBackend],
     messages: str | None,
+    output_messages: str | None = None,
 ) -> list[Span]:
-    """The spans of one settled request; ``messages``: the prompt as JSON, when the policy lets it in."""
+    """The spans of one settled request; ``messages`` and ``output_messages``: the prompt and the answer
+    as JSON, when the policy lets them in.
+
+    The readable form of what the exporter writes: ``encode`` writes the same spans as bytes without
+    building these objects (tests/unit/test_telemetry_encode.py holds the two to each other)."""
     end = observation.finished_at if observation.finished_at is not None else observation.started_at
     operation = OPERATIONS.get(observation.endpoint, observation.endpoint)
     server = Span(
@@ -135,6 +140,8 @@ def request_spans(
             attrs["gen_ai.response.model"] = backend.model
     if messages is not None:
         attrs["gen_ai.input.messages"] = messages
+    if output_messages is not None:
+        attrs["gen_ai.output.messages"] = output_messages
     if observation.status != "ok":
         server.error = observation.error_type or observation.status
         attrs["error.type"] = server.error

@@ -2,14 +2,13 @@
 
 On the request path it does three small things: reads the client's traceparent and samples at arrival
 (``begin``), hands each attempt's call its traceparent (``upstream``, for backends that take one) and
-queues the settled request (``finish``). Spans are built later, in the exporter's thread."""
+queues the settled request (``finish``). Spans are written later, in the exporter's thread (``encode``)."""
 
 from __future__ import annotations
 
 import os
 import socket
 from collections.abc import Callable, Mapping
-from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 import orjson
@@ -17,9 +16,10 @@ import orjson
 from gateway.backends.base import UpstreamCall
 from gateway.telemetry.collector import TraceExportCollector
 from gateway.telemetry.context import ParentContext, new_span_id, new_trace_id, parse_traceparent, traceparent
+from gateway.telemetry.encode import attempt_span_message, request_span_messages
 from gateway.telemetry.exporter import SpanExporter
 from gateway.telemetry.settings import TelemetrySettings, telemetry_settings
-from gateway.telemetry.spans import Span, TraceIds, attempt_span, request_spans
+from gateway.telemetry.spans import TraceIds
 from gateway.values.observation import Attempt, Observation
 from gateway.version import gateway_version
 
@@ -114,7 +114,10 @@ class RequestTrace:
             assert parent is not None
             header, state = traceparent(parent.trace_id, parent.span_id, parent.sampled), parent.trace_state
         lines = f"traceparent: {header}\r\n" + (f"tracestate: {state}\r\n" if state else "")
-        return replace(call, trace_headers=lines.encode("latin-1"))
+        # Built field by field: dataclasses.replace was a quarter of tracing's request-path cost.
+        return UpstreamCall(
+            call.backend, call.path, call.body, call.stream, call.wait_s, lines.encode("latin-1")
+        )
 
     def waited(self, began: float, ended: float) -> None:
         """A wait in the route's queue, in the gateway's clock."""
@@ -149,12 +152,12 @@ class PendingRequest:
     def span_count(self) -> int:
         return 1 + len(self.observation.attempts) + len(self.ids.queued)
 
-    def spans(self) -> list[Span]:
+    def span_messages(self) -> list[bytes]:
         messages = None
         if self.payload is not None:
             prompt = next((self.payload[f] for f in PROMPT_FIELDS if f in self.payload), None)
             messages = None if prompt is None else orjson.dumps(prompt).decode()
-        return request_spans(self.ids, self.observation, self.decision, self.backends, messages)
+        return request_span_messages(self.ids, self.observation, self.decision, self.backends, messages)
 
 
 class PendingProbe:
@@ -166,9 +169,9 @@ class PendingProbe:
     def span_count(self) -> int:
         return 1
 
-    def spans(self) -> list[Span]:
+    def span_messages(self) -> list[bytes]:
         offset = self.wall_offset_s
-        span = attempt_span(
+        message = attempt_span_message(
             new_trace_id(),
             new_span_id(),
             b"",
@@ -176,10 +179,13 @@ class PendingProbe:
             self.backend,
             "chat",
             lambda clock_s: int((clock_s + offset) * 1e9),
+            PROBE_ATTRIBUTES,
+            f"probe {self.backend.name}",
         )
-        span.name = f"probe {self.backend.name}"
-        span.attributes["gateway.probe"] = True
-        return [span]
+        return [message]
+
+
+PROBE_ATTRIBUTES = {"gateway.probe": True}
 
 
 def start_tracing(

@@ -102,3 +102,23 @@ def test_the_schedule_boots_the_pool_one_boot_time_ahead_of_the_morning_ramp(
     assert first.boot_clock() == clock_of(first.ready_h * 3600 - 27 * 60)
     assert "boot at 06:33 to be ready at 07:00" in first.describe() or first.ready_h == 8
     assert result.windows["a100-llamacpp"] == [], "the A100 pool never beats the API's price"
+
+
+@pytest.mark.timeout(900)
+def test_a_sampled_replay_of_the_week_picks_the_same_plan_at_a_cost_within_one_percent(
+    advice: tuple[Advice, CompiledPolicy],
+) -> None:
+    full, policy = advice
+    # One weekday replayed for the five, one weekend day for the two, each weighted by its days.
+    sampled = advise(policy, synthesize(small_week()), SLO_TARGET, sample=True, workers=2)
+    assert [(s.kind, s.weight) for s in sampled.samples] == [("weekday", 5), ("weekend", 2)]
+    assert sampled.recommended.plan.name == full.recommended.plan.name
+    assert sampled.recommended.plan.label == full.recommended.plan.label
+    assert sampled.recommended.total_usd == pytest.approx(full.recommended.total_usd, rel=0.01)
+    # Every plan judged alike, not only the winner; a plan that spills more to the API follows the
+    # sampled days' draws of long answers more (model-fixed+1: 1.2% under the full replay).
+    for plan in full.results:
+        other = sampled.result(plan.plan.name)
+        assert other is not None and other.total_usd == pytest.approx(plan.total_usd, rel=0.02), (
+            plan.plan.name
+        )

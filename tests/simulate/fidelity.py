@@ -1,8 +1,10 @@
 """The fidelity comparison: one seeded ramp sent through the real gateway against three emulated pools
 over HTTP, and through the simulator, with the same profiles and policy; both summarized alike.
 
-``python -m tests.simulate.fidelity 300 [RUNS] [--probes] [--spell] [--declared-seats]`` runs a longer
-version and prints both sides (``--spell``: the B300 pool slowed by 4 s for a fifth of the run;
+``python -m tests.simulate.fidelity 300 [RUNS] [--probes] [--spell] [--death] [--declared-seats]`` runs a
+longer version and prints both sides (``--spell``: the B300 pool slowed by 4 s for a fifth of the run;
+``--death``: the B300 pool dies mid-run under its streams and stays down a tenth of the run, the streams
+it cut resumed on the paid API;
 ``--probes``: probes on; ``--declared-seats``: the policy gives the pool its 8 seats as
 ``max_concurrency``); with ``RUNS`` over 1, the gateway that many times and the simulator over as many
 seeds, one line each: the spread a single comparison draws from.
@@ -12,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import os
 import random
 import sqlite3
@@ -37,6 +40,7 @@ TIME_SCALE = float(os.environ.get("FIDELITY_TIME_SCALE", "0.25"))
 PAID_KEY = "fidelity-paid-key"
 SEATS = 8  # a small B300 pool, so a short ramp overloads it
 SPELL_ADDED_TTFT_MS = 4000.0
+DEATH_AT, DOWN_FOR = 0.5, 0.1  # shares of the run: when the B300 pool dies, and how long it stays down
 # With probes on and the policy's default max_concurrency (64) in front of the pool's 8 seats, the
 # gateway learns of the pool's queue only from the TTFTs it causes: back from an exclusion, the pool is
 # filled until its p95 crosses the SLO, and whether it takes one more burst turns on hundredths of a
@@ -59,14 +63,22 @@ def profiles() -> dict[str, Profile]:
 
 
 def policy_text(
-    urls: dict[str, str], real_seconds: float, probes: bool = False, declared_seats: bool = False
+    urls: dict[str, str],
+    real_seconds: float,
+    probes: bool = False,
+    declared_seats: bool = False,
+    resuming: bool = False,
 ) -> str:
     """The policy both sides run; ``real_seconds`` turns emulated seconds into the gateway's real ones
     (its scraper and timeouts wait in real time; its stats run on the emulated clock).
     ``declared_seats``: the policy gives the B300 pool its real seats as ``max_concurrency`` (else the
-    default 64, and the gateway learns of the pool's queue from its metrics)."""
+    default 64, and the gateway learns of the pool's queue from its metrics). ``resuming``: the three
+    are one family and the paid API continues a partial answer, as in the default policy, so a stream
+    cut mid-way is resumed (without it the route resumes nothing: the families differ)."""
     interval = 1.0 * real_seconds
     seats = f"\n    max_concurrency: {SEATS}" if declared_seats else ""
+    family = "\n    family: kimi-k3" if resuming else ""
+    partial = "\n    resume: partial" if resuming else ""
     timeouts = f"{{first_byte_s: {600 * real_seconds:g}, idle_s: {600 * real_seconds:g}}}"
     return f"""
 backends:
@@ -74,7 +86,7 @@ backends:
     dialect: vllm
     url: {urls["b300-vllm"]}/v1
     model: moonshotai/Kimi-K3
-    thinking: mandatory{seats}
+    thinking: mandatory{seats}{family}
     pricing: {{gpu_hours: {{usd_per_hour: 62.93, accounting: marginal, assumed_tokens_per_s: 92}}}}
     signals: {{metrics_url: {urls["b300-vllm"]}/metrics, health_url: {urls["b300-vllm"]}/health,
                interval_s: {interval:g}}}
@@ -84,7 +96,7 @@ backends:
     url: {urls["a100-llamacpp"]}/v1
     model: kimi-k3-ud-iq1_s
     thinking: mandatory
-    max_concurrency: 4
+    max_concurrency: 4{family}
     pricing: {{gpu_hours: {{usd_per_hour: 20.09, accounting: marginal, assumed_tokens_per_s: 9}}}}
     signals: {{metrics_url: {urls["a100-llamacpp"]}/metrics, slots_url: {urls["a100-llamacpp"]}/slots,
                health_url: {urls["a100-llamacpp"]}/health, interval_s: {interval:g}}}
@@ -94,7 +106,7 @@ backends:
     url: {urls["paid-api"]}/v1
     model: kimi-k3
     api_key_env: FIDELITY_PAID_KEY
-    thinking: mandatory
+    thinking: mandatory{family}{partial}
     pricing:
       per_token: {{input_usd_per_mtok: 0.6, cached_input_usd_per_mtok: 0.15, output_usd_per_mtok: 15}}
     timeouts: {timeouts}
@@ -113,7 +125,16 @@ def spell(duration_s: float) -> dict[str, Any]:
             "added_ttft_ms": SPELL_ADDED_TTFT_MS}  # fmt: skip
 
 
-def workload(duration_s: float, seed: int = 11, with_spell: bool = False) -> Workload:
+def death(duration_s: float) -> dict[str, Any]:
+    """The B300 pool dies half-way, while it carries a full house of streams, and is down a tenth of the
+    run: the simulator's ``down`` fault, the emulator's ``dies_for_s``."""
+    start = DEATH_AT * duration_s
+    return {"backend": "b300-vllm", "kind": "down", "start_s": start, "end_s": start + DOWN_FOR * duration_s}
+
+
+def workload(
+    duration_s: float, seed: int = 11, with_spell: bool = False, with_death: bool = False
+) -> Workload:
     spec = WorkloadFile.model_validate(
         {
             "name": "fidelity-ramp",
@@ -128,7 +149,7 @@ def workload(duration_s: float, seed: int = 11, with_spell: bool = False) -> Wor
             "backends": {
                 name: {"profile": name, "overrides": changes} for name, changes in OVERRIDES.items()
             },
-            "faults": [spell(duration_s)] if with_spell else [],
+            "faults": [spell(duration_s)] * with_spell + [death(duration_s)] * with_death,
         }
     )
     synthetic = synthesize(spec)
@@ -174,17 +195,20 @@ def prompt_of(index: int, tokens: int) -> str:
 
 
 async def _send_all(
-    base_url: str, requests: list[SimRequest], time_scale: float, faults: list[tuple[float, str, float]]
+    base_url: str,
+    requests: list[SimRequest],
+    time_scale: float,
+    faults: list[tuple[float, str, dict[str, Any]]],
 ) -> Counter[int]:
-    """Send ``requests`` on their schedule; ``faults`` are (emulated s, emulator URL, added TTFT ms)."""
+    """Send ``requests`` on their schedule; ``faults`` are (emulated s, emulator URL, knobs to set)."""
     statuses: Counter[int] = Counter()
     limits = httpx.Limits(max_connections=500, max_keepalive_connections=100)
     async with httpx.AsyncClient(base_url=base_url, timeout=600, limits=limits) as client:
         started = time.monotonic()
 
-        async def inject(at: float, url: str, added_ttft_ms: float) -> None:
+        async def inject(at: float, url: str, knobs: dict[str, Any]) -> None:
             await asyncio.sleep(max(0.0, started + at * time_scale - time.monotonic()))
-            answer = await client.post(url + "/emulator/faults", json={"added_ttft_ms": added_ttft_ms})
+            answer = await client.post(url + "/emulator/faults", json=knobs)
             answer.raise_for_status()
 
         async def one(index: int, req: SimRequest) -> None:
@@ -209,24 +233,30 @@ def through_gateway(
     time_scale: float = TIME_SCALE,
     probes: bool = False,
     declared_seats: bool = False,
+    resuming: bool = False,
 ) -> dict[str, Any]:
     os.environ["FIDELITY_PAID_KEY"] = PAID_KEY
     with emulator_process(time_scale) as urls:
         path = tmp / "gateway-policy.yaml"
-        path.write_text(policy_text(urls, time_scale, probes, declared_seats))
+        path.write_text(policy_text(urls, time_scale, probes, declared_seats, resuming))
         options = {
             "clock": emulated_clock(time_scale),
             "rng": random.Random(7),
             "ledger_path": tmp / "l.sqlite3",
         }
-        faults = []
+        faults: list[tuple[float, str, dict[str, Any]]] = []
         for fault in work.faults:
             url = urls[fault.backend]
-            faults += [(fault.start_s, url, fault.added_ttft_ms), (fault.end_s, url, 0.0)]
+            if fault.kind == "down":  # dies at its start, back by itself at its end
+                faults.append((fault.start_s, url, {"dies_for_s": fault.end_s - fault.start_s}))
+                continue
+            slow, normal = {"added_ttft_ms": fault.added_ttft_ms}, {"added_ttft_ms": 0.0}
+            faults += [(fault.start_s, url, slow), (fault.end_s, url, normal)]
         with running_gateway(path, **options) as gateway:
             statuses = asyncio.run(_send_all(gateway.base_url, work.requests, time_scale, faults))
     conn = sqlite3.connect(tmp / "l.sqlite3")
-    rows = conn.execute("SELECT backend, cost_usd, ttft_s, status, cost_basis FROM requests").fetchall()
+    query = "SELECT backend, cost_usd, ttft_s, status, cost_basis, attempt_log FROM requests"
+    rows = conn.execute(query).fetchall()
     probe_rows = conn.execute("SELECT backend, cost_usd, cost_basis FROM probes").fetchall()
     conn.close()
     ok = [r for r in rows if r[3] == "ok"]
@@ -238,6 +268,7 @@ def through_gateway(
         "requests": len(rows),
         "statuses": dict(statuses),
         "failures": len(rows) - len(ok),
+        "resumed": sum(any(a["resumed"] for a in json.loads(r[5] or "[]")) for r in rows),
         "api_usd": api,
         "total_cost_usd": pools + api,
         "ttft_p95_s": quantile(sorted(r[2] for r in ok if r[2] is not None), 0.95),
@@ -246,16 +277,33 @@ def through_gateway(
     }
 
 
+class _CountingResumes(Simulation):
+    """The simulation, counting the requests with an attempt that took over a cut stream, as the
+    gateway's ledger shows them (``attempt_log``'s ``resumed``); the run's result does not carry it."""
+
+    resumed = 0
+
+    def _finish(self, flight: Any, error: str | None) -> None:
+        self.resumed += any(a.resumed for a in flight.observation.attempts)
+        super()._finish(flight, error)
+
+
 def through_simulator(
-    work: Workload, tmp: Path, probes: bool = False, declared_seats: bool = False, seed: int = 7
+    work: Workload,
+    tmp: Path,
+    probes: bool = False,
+    declared_seats: bool = False,
+    seed: int = 7,
+    resuming: bool = False,
 ) -> dict[str, Any]:
     urls = {name: f"http://127.0.0.1:9/{name}" for name in OVERRIDES}  # never dialled
     path = tmp / "sim-policy.yaml"
-    path.write_text(policy_text(urls, 1.0, probes, declared_seats))
+    path.write_text(policy_text(urls, 1.0, probes, declared_seats, resuming))
     os.environ["FIDELITY_PAID_KEY"] = PAID_KEY
-    simulation = Simulation(load_policy(path), work, PolicyRouter("fidelity"), seed=seed)
+    simulation = _CountingResumes(load_policy(path), work, PolicyRouter("fidelity"), seed=seed)
     result: RunResult = simulation.run()
     summary = summarize(result)
+    summary["resumed"] = simulation.resumed
     summary["probes"] = dict(simulation.prober.sent)
     summary["api_usd"] = sum(result.api_usd.values())
     return summary
@@ -271,26 +319,29 @@ def main() -> None:
 
     args = [a for a in sys.argv[1:] if not a.startswith("--")]
     probes, with_spell = "--probes" in sys.argv, "--spell" in sys.argv
-    declared = "--declared-seats" in sys.argv
+    declared, with_death = "--declared-seats" in sys.argv, "--death" in sys.argv
     duration = float(args[0]) if args else 120.0
     runs = int(args[1]) if len(args) > 1 else 1
-    work = workload(duration, with_spell=with_spell)
+    work = workload(duration, with_spell=with_spell, with_death=with_death)
     if runs > 1:  # the spread: the gateway run ``runs`` times, the simulator over as many seeds
         for side in ("gateway", "simulator"):
             for i in range(runs):
                 with tempfile.TemporaryDirectory() as tmp:
                     if side == "gateway":
-                        got = through_gateway(work, Path(tmp), probes=probes, declared_seats=declared)
+                        got = through_gateway(
+                            work, Path(tmp), probes=probes, declared_seats=declared, resuming=with_death
+                        )
                     else:
-                        got = through_simulator(work, Path(tmp), probes, declared, seed=7 + i)
+                        got = through_simulator(work, Path(tmp), probes, declared, 7 + i, with_death)
                 share = got["share"].get("b300-vllm", 0.0)
                 print(f"{side:>9} {i}: b300 share {share:.3f}  ttft p95 {got['ttft_p95_s']:.2f} s  "
-                      f"total ${got['total_cost_usd']:.3f}", flush=True)  # fmt: skip
+                      f"total ${got['total_cost_usd']:.3f}  failures {got['failures']}  "
+                      f"resumed {got['resumed']}", flush=True)  # fmt: skip
         return
     with tempfile.TemporaryDirectory() as tmp:
-        real = through_gateway(work, Path(tmp), probes=probes, declared_seats=declared)
-        sim = through_simulator(work, Path(tmp), probes=probes, declared_seats=declared)
-    keys = ("requests", "failures", "api_usd", "total_cost_usd", "ttft_p95_s", "share", "probes")
+        real = through_gateway(work, Path(tmp), probes=probes, declared_seats=declared, resuming=with_death)
+        sim = through_simulator(work, Path(tmp), probes, declared, resuming=with_death)
+    keys = ("requests", "failures", "resumed", "api_usd", "total_cost_usd", "ttft_p95_s", "share", "probes")
     for key in keys:
         print(f"{key:>16}: gateway {real[key]!r:<60} simulator {sim[key]!r}")
 

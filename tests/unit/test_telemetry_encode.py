@@ -1,0 +1,135 @@
+"""The exporter's span writer (gateway/telemetry/encode.py) against the readable span model it replaced
+on the hot path (gateway/telemetry/spans.py): every span, attribute, event, link and status the same,
+read back by the tests' own protobuf reader; and its cached blocks never leak one request's values
+into another's."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+from gateway.policy.decide import Decision
+from gateway.policy.evaluate import CandidateEval
+from gateway.policy.load import load_policy
+from gateway.policy.schema import Slo
+from gateway.telemetry.encode import request_span_messages
+from gateway.telemetry.otlp import envelope, export_body, export_request
+from gateway.telemetry.spans import TraceIds, request_spans
+from gateway.values.observation import Attempt, Observation, Usage
+from tests.telemetry.receiver import ReadSpan, spans_of
+
+POLICY = "bench/policy.yaml"
+RESOURCE = {"service.name": "t", "service.version": "1"}
+SCOPE = ("s", "1")
+
+
+def candidate(
+    backend: str, ttft: float | None, cost: float | None, blocked: tuple[str, ...]
+) -> CandidateEval:
+    measured = ttft is not None
+    return CandidateEval(
+        backend, not blocked, measured, measured, ttft, ttft, 90.0, 0.0, 15.0, cost, 16.0, True, None, None,
+        None, 0, None, blocked, Slo(),
+    )  # fmt: skip
+
+
+def settled(seed: int) -> tuple[TraceIds, Observation, Decision]:
+    """A streamed request whose first attempt was cut and taken over, queued once, with a client parent,
+    a tracestate and every optional figure; ``seed`` moves every number."""
+    cut = Attempt(
+        "bench-upstream",
+        10.0 + seed,
+        status="dropped",
+        http_status=200,
+        error=f"upstream closed after {seed} chunks",
+        ttft_s=0.01 * seed,
+        finished_at=10.5 + seed,
+        usage=Usage(100 + seed, 9, 3),
+        cost_usd=0.001 * seed,
+        cost_basis="per_token",
+    )
+    resumed = Attempt(
+        "bench-upstream-paced",
+        10.5 + seed,
+        http_status=200,
+        ttft_s=0.2,
+        first_answer_s=0.3 + seed,
+        finished_at=11.0 + seed,
+        usage=Usage(120, 20 + seed, 0, 64, "counted"),
+        resumed="continued",
+    )
+    observation = Observation(
+        f"request-{seed}",
+        "bench-fast",
+        "chat",
+        True,
+        9.0 + seed,
+        max_tokens=64 + seed,
+        api_key_name="k",
+        decision_reason="cheapest_within_slo",
+        attempts=[cut, resumed],
+        finished_at=11.0 + seed,
+        cost_usd=0.5 * seed,
+        cost_basis="per_token",
+        queued_s=0.75,
+        predicted_cached_tokens=seed,
+        status="error",
+        error_type="upstream_error",
+    )
+    ids = TraceIds(bytes(15) + bytes((seed + 1,)), bytes(7) + b"\x01", bytes(7) + b"\x02", "v=1", 1000.0)
+    ids.attempt_span_ids.update({0: bytes(7) + b"\x03", 1: bytes(7) + b"\x04"})
+    ids.queued.append((9.1 + seed, 9.85 + seed))
+    evals = (
+        candidate("bench-upstream", 0.25 * seed, 0.002 * seed, ()),
+        candidate("bench-upstream-paced", None, None, ("circuit open",)),
+    )
+    decision = Decision(
+        ("bench-upstream", "bench-upstream-paced"),
+        "cheapest_within_slo",
+        evals,
+        0.003 * seed,
+        {"bench-upstream": 10 * seed},
+    )
+    return ids, observation, decision
+
+
+def read(spans: list[ReadSpan]) -> list[dict[str, Any]]:
+    out = []
+    for span in spans:
+        found = dataclasses.asdict(span)
+        if span.name == "gateway.queue":  # its id is made where it is written
+            found["span_id"] = "queue"
+        out.append(found)
+    return out
+
+
+def test_the_writer_says_what_the_span_model_says() -> None:
+    backends = load_policy(POLICY).backends
+    for seed in (1, 2, 3, 1):  # the same shapes again: the cached blocks in play
+        ids, observation, decision = settled(seed)
+        written = request_span_messages(ids, observation, decision, backends, '[{"role":"user"}]', '["hi"]')
+        ours = read(spans_of(export_body(envelope(RESOURCE, SCOPE), written)))
+        model = request_spans(ids, observation, decision, backends, '[{"role":"user"}]', '["hi"]')
+        assert ours == read(spans_of(export_request(RESOURCE, SCOPE, model)))
+        server = ours[0]["attributes"]
+        assert (
+            server["gateway.request_id"] == f"request-{seed}"
+            and server["gen_ai.request.max_tokens"] == 64 + seed
+        )
+        assert server["gen_ai.output.messages"] == '["hi"]'
+        assert ours[2]["attributes"]["gateway.cost_usd"] == 0.001 * seed
+
+
+def test_a_request_without_decision_usage_or_content() -> None:
+    backends = load_policy(POLICY).backends
+    bare = Observation(
+        "r", "bench-fast", "completions", False, 5.0, attempts=[Attempt("bench-upstream", 5.0)]
+    )
+    ids = TraceIds(bytes(15) + b"\x09", bytes(7) + b"\x05", b"", "", 0.0)
+    ids.attempt_span_ids[0] = bytes(7) + b"\x06"
+    written = spans_of(
+        export_body(envelope(RESOURCE, SCOPE), request_span_messages(ids, bare, None, backends, None))
+    )
+    model = spans_of(export_request(RESOURCE, SCOPE, request_spans(ids, bare, None, backends, None)))
+    assert read(written) == read(model)
+    assert "gen_ai.input.messages" not in written[0].attributes and written[0].parent_span_id == ""
