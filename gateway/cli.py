@@ -210,13 +210,7 @@ def build_parser() -> argparse.ArgumentParser:
         formatter_class=HelpFormatter,
         epilog=examples("gateway ledger migrate --ledger postgresql://gateway@db/gateway"),
     )
-    migrate.add_argument(
-        "--ledger",
-        default=None,
-        help=f"a SQLite file or a postgresql:// URL (default: as serve finds it: ${LEDGER_ENV}, else "
-        "the policy's)",
-    )
-    migrate.add_argument("--policy", default=str(DEFAULT_POLICY), help="the policy that names the ledger")
+    ledger_arguments(migrate)
     migrate.set_defaults(func=cmd_ledger_migrate)
     prune = ledger_sub.add_parser(
         "prune",
@@ -233,13 +227,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     prune.add_argument("--before", required=True, help="a span ago (90d, 12w) or an ISO date (UTC)")
     prune.add_argument("--dry-run", action="store_true", help="count the rows it would delete, delete none")
-    prune.add_argument(
-        "--ledger",
-        default=None,
-        help=f"a SQLite file or a postgresql:// URL (default: as serve finds it: ${LEDGER_ENV}, else "
-        "the policy's)",
-    )
-    prune.add_argument("--policy", default=str(DEFAULT_POLICY), help="the policy that names the ledger")
+    ledger_arguments(prune)
     prune.set_defaults(func=cmd_ledger_prune)
 
     check = command(
@@ -353,6 +341,17 @@ def build_parser() -> argparse.ArgumentParser:
     )
     advise.set_defaults(func=cmd_advise)
     return parser
+
+
+def ledger_arguments(parser: argparse.ArgumentParser) -> None:
+    """``--ledger`` and ``--policy``, as every ``gateway ledger`` command finds its ledger."""
+    parser.add_argument(
+        "--ledger",
+        default=None,
+        help=f"a SQLite file or a postgresql:// URL (default: as serve finds it: ${LEDGER_ENV}, else "
+        "the policy's)",
+    )
+    parser.add_argument("--policy", default=str(DEFAULT_POLICY), help="the policy that names the ledger")
 
 
 if __name__ == "__main__":
