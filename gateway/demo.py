@@ -170,6 +170,10 @@ def real_server_binary() -> Path | None:
     return Path(found) if found else None
 
 
+# The connections the gateway's signal scraper keeps to one llama-server: metrics, slots and health.
+SCRAPER_CONNECTIONS = 3
+
+
 def real_server_command(
     binary: Path,
     model_file: Path,
@@ -183,7 +187,12 @@ def real_server_command(
 ) -> list[str]:
     """llama-server with what the gateway reads: ``--metrics`` (off by default) and ``--slots``.
 
-    ``--ctx-size`` is shared by the slots, so it is ``context_tokens`` per slot times ``slots``. This
+    ``--ctx-size`` is shared by the slots, so it is ``context_tokens`` per slot times ``slots``.
+    ``--threads-http``: llama-server serves each connection on a thread of a fixed pool, ``--parallel`` + 2
+    by default, and a kept-alive connection holds its thread between requests. The gateway's scraper
+    reads metrics, slots and health at once on kept-alive connections (three threads), so with one
+    request queued beyond the slots the default pool left /metrics waiting for a thread (seen: a 10 s
+    timeout in CI); three more threads than the default leave room for the scraper. This
     GGUF carries no chat template, and llama-server would fall back to ChatML without a word: the
     built-in ``gemma`` template is named instead, which needs ``--no-jinja`` (with Jinja on, the
     default, ``--chat-template`` is read as the template's source text).
@@ -191,6 +200,7 @@ def real_server_command(
     command = [str(binary), "--model", str(model_file), "--alias", served_name]
     command += ["--host", "127.0.0.1", "--port", str(port)]
     command += ["--parallel", str(slots), "--ctx-size", str(context_tokens * slots)]
+    command += ["--threads-http", str(slots + 2 + SCRAPER_CONNECTIONS)]
     command += ["--no-jinja", "--chat-template", chat_template, "--metrics", "--slots"]
     if threads is not None:
         command += ["--threads", str(threads)]

@@ -137,6 +137,7 @@ def test_service_selects_the_pods_and_exposes_the_container_port(manifest: Path)
                 "--split-mode layer",
                 "--tensor-split 1,1,1,1,1,1,1,1",
                 "--parallel 4",
+                "--threads-http 16",  # room for the gateways' scrapers (deploy/README.md)
                 "--ctx-size",
                 "--metrics",
                 "--slots",

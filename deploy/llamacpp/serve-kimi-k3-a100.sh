@@ -9,6 +9,9 @@ MODEL="${MODEL:-/models/Kimi-K3-GGUF/UD-IQ1_S/Kimi-K3-UD-IQ1_S-00001-of-00014.gg
 PORT="${PORT:-8080}"
 
 # --ctx-size is shared by the slots: 131072 / --parallel 4 = 32k tokens of context per request.
+# --threads-http: each connection holds one of a fixed pool of HTTP threads (default --parallel + 2) while
+# kept alive, and each gateway replica's scraper keeps three (metrics, slots, health): 16 leaves room
+# for the four slots, a queue, three replicas and Prometheus.
 # --jinja and --slots are llama-server's defaults now, kept for older builds; --metrics is not a default.
 # /slots shows each slot's prompt and generated text: keep this port inside the cluster (the gateway
 # and Prometheus are its only clients), and --no-webui drops the chat UI nobody should reach here.
@@ -21,6 +24,7 @@ exec llama-server \
   --split-mode layer \
   --tensor-split 1,1,1,1,1,1,1,1 \
   --parallel 4 \
+  --threads-http 16 \
   --ctx-size 131072 \
   --jinja \
   --reasoning-format deepseek \

@@ -40,5 +40,7 @@ def test_the_server_runs_with_what_the_gateway_reads() -> None:
     assert value("--host") == "127.0.0.1" and value("--port") == "8104" and value("--alias") == "gemma"
     # --ctx-size is shared by the slots: 2048 tokens each.
     assert value("--parallel") == "2" and value("--ctx-size") == "4096"
+    # An HTTP thread per slot, two for llama-server's own default margin and three for the scraper.
+    assert value("--threads-http") == "7"
     # The GGUF has no chat template of its own: the built-in gemma one, which Jinja mode would not take.
     assert value("--chat-template") == "gemma" and "--no-jinja" in command
