@@ -51,6 +51,18 @@ class PrivatePostgres:
         once, as a crash would, and recovers from its WAL at the next start."""
         self._as_postgres(str(BIN / "pg_ctl"), "stop", "-D", str(self.data), "-m", mode, "-w")
 
+    def processes(self) -> list[int]:
+        """The server's processes: the postmaster (its pid file's first line) and its children (the
+        sessions and background workers), which is what a hung host would freeze."""
+        postmaster = int((self.data / "postmaster.pid").read_text().split()[0])
+        children = []
+        for stat in Path("/proc").glob("[0-9]*/stat"):
+            with contextlib.suppress(OSError):
+                # "pid (comm) state ppid ...": comm may hold spaces, so split after its ")".
+                if int(stat.read_text().rpartition(")")[2].split()[1]) == postmaster:
+                    children.append(int(stat.parent.name))
+        return [postmaster, *children]
+
     @property
     def running(self) -> bool:
         return (self.data / "postmaster.pid").exists()

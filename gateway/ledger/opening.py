@@ -15,11 +15,12 @@ def is_url(target: str | Path) -> bool:
     return isinstance(target, str) and target.startswith(URL_SCHEMES)
 
 
-def open_database(target: str | Path) -> LedgerDatabase:
+def open_database(target: str | Path, *, answer_timeout_s: float | None = None) -> LedgerDatabase:
     """A ``postgresql://`` URL names a PostgreSQL ledger; anything else is a SQLite file's path.
-    psycopg is imported only when a URL asks for it."""
+    psycopg is imported only when a URL asks for it. ``answer_timeout_s``: how long PostgreSQL may leave
+    a write unanswered before it is taken as hung (its default when None)."""
     if is_url(target):
-        from gateway.ledger.postgres import PostgresLedger
+        from gateway.ledger.postgres import ANSWER_TIMEOUT_S, PostgresLedger
 
-        return PostgresLedger(str(target))
+        return PostgresLedger(str(target), answer_timeout_s=answer_timeout_s or ANSWER_TIMEOUT_S)
     return SqliteLedger(Path(target))

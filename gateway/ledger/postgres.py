@@ -4,6 +4,10 @@ through a small psycopg connection pool. The only module that imports psycopg.""
 from __future__ import annotations
 
 import contextlib
+import logging
+import os
+import socket
+import threading
 import time
 from collections.abc import Iterator, Sequence
 from typing import Any
@@ -26,6 +30,14 @@ INSERT_PROBE = INSERT.replace("INSERT INTO requests", "INSERT INTO probes", 1)
 # Rows per INSERT statement: one statement per batch fires the spend rollup's statement trigger once
 # per batch, not once per row (PostgreSQL takes at most 65,535 parameters in one statement).
 ROWS_PER_STATEMENT = 1000
+# How long the database may leave a write (or the check that it is back) unanswered before it is taken
+# as hung: a frozen host, a stopped server, a partition that drops packets. libpq has no read timeout,
+# so without this the writer thread waits forever and every row that comes meanwhile waits in memory
+# only (where a SIGKILL loses it) instead of going to the spool. Generous: 1,000 rows take well under a
+# second on a busy server. The policy's ``ledger.answer_timeout_s`` sets it.
+ANSWER_TIMEOUT_S = 20.0
+
+log = logging.getLogger("gateway.ledger")
 
 
 def insert_many(cursor: psycopg.Cursor[Any], insert: str, rows: Sequence[tuple[Any, ...]]) -> None:
@@ -45,6 +57,27 @@ MIGRATION_LOCK = 0x6C6564676572  # "ledger": one migrator at a time across the f
 # finds the connection made. Short, because while the server refuses connections every write waits
 # this long, and the rows that arrive meanwhile are in memory only (what a SIGKILL would lose).
 CONNECTION_WAIT_S = 1.0
+
+
+@contextlib.contextmanager
+def answered_within(conn: psycopg.Connection[Any], seconds: float) -> Iterator[None]:
+    """Cut ``conn`` if what runs inside takes longer than ``seconds``: its socket is shut down (from a
+    timer thread, the fd itself left to psycopg), so the read libpq blocks in returns and psycopg
+    raises; the pool then drops the broken connection."""
+    timer = threading.Timer(seconds, _cut, (conn, seconds))
+    timer.daemon = True
+    timer.start()
+    try:
+        yield
+    finally:
+        timer.cancel()
+
+
+def _cut(conn: psycopg.Connection[Any], seconds: float) -> None:
+    with contextlib.suppress(OSError, psycopg.Error):
+        with socket.socket(fileno=os.dup(conn.pgconn.socket)) as sock:
+            sock.shutdown(socket.SHUT_RDWR)
+        log.warning("ledger: the database left a statement unanswered for %gs: connection cut", seconds)
 
 
 def redact(url: str) -> str:
@@ -83,9 +116,17 @@ class PostgresLedger:
 
     shared = True
 
-    def __init__(self, url: str, *, timeout_s: float = 5.0, max_connections: int = 3) -> None:
+    def __init__(
+        self,
+        url: str,
+        *,
+        timeout_s: float = 5.0,
+        max_connections: int = 3,
+        answer_timeout_s: float = ANSWER_TIMEOUT_S,
+    ) -> None:
         self.url = url
         self._timeout_s = timeout_s
+        self._answer_timeout_s = answer_timeout_s
         self._max_connections = max_connections
         self._pool: ConnectionPool[psycopg.Connection[Any]] | None = None
         self._away = False  # the last write failed
@@ -103,7 +144,9 @@ class PostgresLedger:
             kwargs=kwargs,
             open=False,
             timeout=min(self._timeout_s, CONNECTION_WAIT_S),
-            check=ConnectionPool.check_connection,  # a connection the outage broke is replaced, not used
+            # No check on checkout: it is a round trip a hung server never answers, outside the deadline
+            # of ``answered_within``. A connection an outage broke fails its first write instead; the
+            # rows go to the spool and the pool drops the connection.
             name="gateway-ledger",
         )
         try:
@@ -125,7 +168,11 @@ class PostgresLedger:
                 # Knocked first: a refused connection answers at once, where the pool would wait
                 # CONNECTION_WAIT_S for one, holding the rows that arrive meanwhile in memory only.
                 psycopg.connect(self.url, connect_timeout=max(1, int(self._timeout_s))).close()
-            with pool.connection() as conn, conn.cursor() as cursor:
+            with (
+                pool.connection() as conn,
+                answered_within(conn, self._answer_timeout_s),
+                conn.cursor() as cursor,
+            ):
                 requests, probes = split_probes(rows)
                 insert_many(cursor, INSERT, requests)
                 insert_many(cursor, INSERT_PROBE, probes)
@@ -138,8 +185,9 @@ class PostgresLedger:
     def reading(self) -> Iterator[LedgerReader]:
         try:
             with contextlib.ExitStack() as stack:
-                if self._pool is not None:
+                if self._pool is not None:  # the writer's: bounded as its writes are
                     conn = stack.enter_context(self._pool.connection())
+                    stack.enter_context(answered_within(conn, self._answer_timeout_s))
                 else:  # a report: one connection, no pool, no migrations
                     conn = stack.enter_context(psycopg.connect(self.url, connect_timeout=10))
                 yield LedgerReader(conn, POSTGRESQL, self.location)

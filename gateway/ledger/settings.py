@@ -60,7 +60,7 @@ def _located(choice: str | Path, source: str) -> LedgerLocation:
 
 def open_ledger(settings: LedgerSettings, target: str | Path) -> Ledger:
     return Ledger(
-        open_database(target),
+        open_database(target, answer_timeout_s=settings.answer_timeout_s),
         flush_interval_s=settings.flush_interval_s,
         batch_size=settings.batch_size,
         close_timeout_s=settings.close_timeout_s,

@@ -306,6 +306,9 @@ class Ledger(Strict):
     # oldest is dropped (and counted). Refused requests have a bound of their own.
     max_pending_rows: Annotated[int, Field(ge=100, le=10_000_000)] = 200_000
     close_timeout_s: Annotated[float, Field(ge=0, le=600)] = 20.0
+    # PostgreSQL: how long a write may go unanswered before the server is taken as hung (a frozen host,
+    # a partition): the connection is cut and the rows go to the spool instead of waiting in memory.
+    answer_timeout_s: Annotated[float, Field(gt=0, le=600)] = 20.0
     # Per-user spend: "hashed" keeps a keyed hash (HMAC-SHA256) of the client's user id in each row,
     # never the id itself; the key is read from the environment variable ``user_hash_key_env`` names
     # (unset: no user is recorded, and the policy says so). "none" (the default) records no user.

@@ -6,7 +6,10 @@
 - a flood of refused requests while it is stopped and the spool cannot be written either (issue 42):
   every billable row is still there after, the refusals are counted in a few rows and log lines;
 - the gateway SIGKILLed while it is stopped (immediate), then started again on the same spool: the
-  rows spooled before the kill are written once, and what was lost is at most what memory held.
+  rows spooled before the kill are written once, and what was lost is at most what memory held;
+- hung under load (every process of it SIGSTOPped, as a frozen host: connections stay open and nothing
+  answers): writes are cut after ``answer_timeout_s``, rows go to the spool, and each is written once
+  when it answers again.
 
 Each test prints its figures (rows answered, spooled, lost, duplicated) for docs/reliability.md.
 """
@@ -153,6 +156,52 @@ def test_postgres_stopped_and_started_under_load_writes_every_answered_row_once(
         f" spooled {int(after['gateway_ledger_rows_spooled_total{}'])}, lost"
         f" {len(set(load.completed) - set(written))}, duplicated {sum(n - 1 for n in written.values())};"
         f" the spool written a second time: {replayed} rows, 0 added"
+    )
+
+
+def test_postgres_hung_under_load_sends_rows_to_the_spool_and_writes_each_once(
+    server: PrivatePostgres, setup: Setup
+) -> None:
+    # Without a deadline the writer waits forever on a read libpq never ends: no row reaches the spool.
+    text = setup.policy.read_text().replace("close_timeout_s: 5,", "close_timeout_s: 5, answer_timeout_s: 1,")
+    setup.policy.write_text(text)
+    gateway = serve(setup, "gateway")
+    load, thread = under_load(gateway)
+    frozen: list[int] = []
+    try:
+        eventually(lambda: len(load.completed) >= 30, timeout=60)
+        frozen = server.processes()
+        for pid in frozen:
+            os.kill(pid, signal.SIGSTOP)
+        answered_at_freeze = len(load.completed)
+        eventually(lambda: metrics(gateway)["gateway_ledger_rows_spooled_total{}"] >= 50, timeout=60)
+        eventually(lambda: len(load.completed) >= answered_at_freeze + 50, timeout=60)
+        during = metrics(gateway)
+        for pid in frozen:
+            os.kill(pid, signal.SIGCONT)
+        frozen = []
+        eventually(lambda: metrics(gateway)["gateway_ledger_up{}"] == 1, timeout=60)
+        answered_at_thaw = len(load.completed)
+        eventually(lambda: len(load.completed) >= answered_at_thaw + 30, timeout=60)
+    finally:
+        for pid in frozen:
+            os.kill(pid, signal.SIGCONT)
+        load.stop.set()
+        thread.join(timeout=60)
+    assert not load.failed, f"{len(load.failed)} requests failed: the hung database reached clients"
+    eventually(lambda: metrics(gateway)["gateway_ledger_spool_rows{}"] == 0, timeout=60)
+    eventually(lambda: set(load.completed) <= set(rows_per_request(setup.url)), timeout=60)
+    written = rows_per_request(setup.url)
+    gateway.process.stop()
+    assert set(written) == set(load.completed), "a row for each answered request, and no other"
+    assert max(written.values()) == 1, "no row written twice"
+    assert during["gateway_ledger_up{}"] == 0
+    print(
+        f"\nPostgreSQL hung (SIGSTOP) under load: answered {len(load.completed)}"
+        f" ({answered_at_thaw - answered_at_freeze} while hung), spooled while hung"
+        f" {int(during['gateway_ledger_rows_spooled_total{}'])},"
+        f" lost {len(set(load.completed) - set(written))},"
+        f" duplicated {sum(n - 1 for n in written.values())}"
     )
 
 
