@@ -14,6 +14,11 @@ class LedgerUnavailable(Exception):
     """The ledger database cannot be opened, read or written now (gone, full, refusing)."""
 
 
+class LedgerRejected(LedgerUnavailable):
+    """The database is there but refuses these rows for what they hold (a value a column cannot take):
+    written again as they are, they would fail forever (``ledger/rejection.py``)."""
+
+
 class LedgerDatabase(Protocol):
     """One ledger: a local SQLite file (the default) or a PostgreSQL database a fleet shares."""
 

@@ -41,12 +41,20 @@ def ledger_health(ledger: Ledger, wall: float) -> Iterator[Metric]:
     dropped = CounterMetricFamily(
         "gateway_ledger_rows_dropped",
         "Ledger rows dropped, by kind: billable (neither database nor spool took them within the memory"
-        " bound) or refused (a refused request past the refusals' own bounds).",
+        " bound), refused (a refused request past the refusals' own bounds) or rejected (the database"
+        " refused the row even scrubbed; the log holds it whole).",
         labels=["kind"],
     )
     dropped.add_metric(["billable"], ledger.rows_dropped_billable)
     dropped.add_metric(["refused"], ledger.refused.dropped)
+    dropped.add_metric(["rejected"], ledger.rows_rejected)
     yield dropped
+    yield CounterMetricFamily(
+        "gateway_ledger_rows_scrubbed",
+        "Ledger rows written with a value no column takes made safe: a NUL byte replaced, a count clamped"
+        " to 2^31-1, a non-finite number cleared (an upstream that lied about usage, say).",
+        value=ledger.rows_scrubbed,
+    )
     yield CounterMetricFamily(
         "gateway_ledger_refusals_folded",
         "Refused requests counted in a per-minute row of their reason, key and route instead of a row"

@@ -16,7 +16,7 @@ from urllib.parse import urlsplit, urlunsplit
 import psycopg
 from psycopg_pool import ConnectionPool, PoolTimeout
 
-from gateway.ledger.database import LedgerUnavailable
+from gateway.ledger.database import LedgerRejected, LedgerUnavailable
 from gateway.ledger.migrations import TRACKING_TABLE, migrations
 from gateway.ledger.reader import POSTGRESQL, LedgerReader
 from gateway.ledger.rows import COLUMNS, split_probes
@@ -168,14 +168,18 @@ class PostgresLedger:
                 # Knocked first: a refused connection answers at once, where the pool would wait
                 # CONNECTION_WAIT_S for one, holding the rows that arrive meanwhile in memory only.
                 psycopg.connect(self.url, connect_timeout=max(1, int(self._timeout_s))).close()
+            # The commit is inside the deadline too (the transaction's own block, not the pool's exit).
             with (
                 pool.connection() as conn,
                 answered_within(conn, self._answer_timeout_s),
+                conn.transaction(),
                 conn.cursor() as cursor,
             ):
                 requests, probes = split_probes(rows)
                 insert_many(cursor, INSERT, requests)
                 insert_many(cursor, INSERT_PROBE, probes)
+        except (psycopg.DataError, psycopg.IntegrityError) as exc:
+            raise LedgerRejected(f"the ledger at {self.location} refused rows: {exc}") from exc
         except (psycopg.Error, PoolTimeout) as exc:
             self._away = True
             raise LedgerUnavailable(f"ledger write to {self.location} failed: {exc}") from exc
@@ -188,6 +192,7 @@ class PostgresLedger:
                 if self._pool is not None:  # the writer's: bounded as its writes are
                     conn = stack.enter_context(self._pool.connection())
                     stack.enter_context(answered_within(conn, self._answer_timeout_s))
+                    stack.enter_context(conn.transaction())  # its end, the last round trip, bounded too
                 else:  # a report: one connection, no pool, no migrations
                     conn = stack.enter_context(psycopg.connect(self.url, connect_timeout=10))
                 yield LedgerReader(conn, POSTGRESQL, self.location)

@@ -25,6 +25,7 @@ from typing import Any
 import orjson
 
 from gateway.ledger.database import LedgerUnavailable
+from gateway.ledger.rows import COLUMNS, LedgerRow
 
 SCHEMA = (
     "CREATE TABLE IF NOT EXISTS spooled"
@@ -113,3 +114,14 @@ class Spool:
         if self._conn is not None:
             self._conn.close()
             self._conn = None
+
+
+def upgraded(row: tuple[Any, ...]) -> tuple[Any, ...]:
+    """A spooled row in today's columns: one spooled before a migration added columns gets their
+    defaults (added columns always come last, before the key)."""
+    missing = len(COLUMNS) - len(row)
+    if missing <= 0:
+        return row
+    defaults = LedgerRow._field_defaults
+    added = tuple(defaults.get(name) for name in LedgerRow._fields[len(row) - 1 :])
+    return (*row[:-1], *added, row[-1])

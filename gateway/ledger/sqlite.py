@@ -10,7 +10,7 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
-from gateway.ledger.database import LedgerUnavailable
+from gateway.ledger.database import LedgerRejected, LedgerUnavailable
 from gateway.ledger.migrations import TRACKING_TABLE, migrations
 from gateway.ledger.reader import SQLITE, LedgerReader
 from gateway.ledger.rows import COLUMNS, split_probes
@@ -92,6 +92,8 @@ class SqliteLedger:
                 conn.executemany(INSERT, requests)
                 if probes:
                     conn.executemany(INSERT_PROBE, probes)
+        except (sqlite3.IntegrityError, sqlite3.InterfaceError, OverflowError) as exc:
+            raise LedgerRejected(f"the ledger refused rows: {exc}") from exc
         except sqlite3.Error as exc:
             raise LedgerUnavailable(f"ledger write failed: {exc}") from exc
 

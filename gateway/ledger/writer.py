@@ -13,7 +13,8 @@ plus the time one failing database write takes). A SIGTERM loses nothing: ``clos
 holds, or spools it while the database is away. When the spool cannot be written either, rows wait
 in memory up to a bound: billable rows ``MAX_PENDING_ROWS``, refused requests their own (``refused.py``);
 past its bound a kind drops its oldest row, says so in the log once per outage, and counts it by kind.
-A refusal never takes a billable row's place.
+A refusal never takes a billable row's place. A row the database cannot hold never stops the rest
+(``rejection.py``).
 """
 
 from __future__ import annotations
@@ -32,8 +33,9 @@ from typing import Any
 from gateway.ledger.database import LedgerDatabase, LedgerUnavailable
 from gateway.ledger.opening import open_database
 from gateway.ledger.refused import RefusedRows
+from gateway.ledger.rejection import scrubbed, write_apart
 from gateway.ledger.rows import COLUMNS, LedgerRow
-from gateway.ledger.spool import Spool, spool_file
+from gateway.ledger.spool import Spool, spool_file, upgraded
 from gateway.ledger.sqlite import SqliteLedger
 
 log = logging.getLogger("gateway.ledger")
@@ -100,6 +102,8 @@ class Ledger:
         self.rows_appended = 0
         self.rows_written = 0  # requests: a folded refusal row counts each request it stands for
         self.rows_dropped_billable = 0
+        self.rows_scrubbed = 0  # written with values no column takes made safe (rejection.py)
+        self.rows_rejected = 0  # refused by the database even scrubbed: in the log only
         self.rows_spooled = 0  # moved to the spool since start (written from it later)
         self.write_errors = 0
         self.spool_errors = 0
@@ -259,7 +263,12 @@ class Ledger:
         return True
 
     def _keyed(self, rows: list[LedgerRow]) -> list[Keyed]:
-        return [(*row, next(self._keys)) for row in rows]
+        keyed = []
+        for row in rows:
+            safe = scrubbed(row)
+            self.rows_scrubbed += safe is not None
+            keyed.append((*(safe or row), next(self._keys)))
+        return keyed
 
     def _write_held(self) -> bool:
         """Write what memory holds, batch by batch; False when the database refused one (it stays)."""
@@ -287,7 +296,7 @@ class Ledger:
 
     def _write(self, rows: list[Keyed]) -> bool:
         try:
-            self.database.write(rows)
+            rejected = write_apart(self.database.write, rows)
         except LedgerUnavailable as exc:
             self.write_errors += 1
             if self.oldest_pending_since is None:
@@ -300,7 +309,10 @@ class Ledger:
             self.up = True
             self._count_spool()  # with the rows other processes sharing the spool left there
             log.warning("ledger %s is back: writing the rows kept meanwhile", self.location)
-        self.rows_written += sum(row[COUNT_INDEX] for row in rows)
+        for row in rejected:  # written nowhere else: the log keeps it whole
+            log.error("ledger: the database refused this row even scrubbed, so it is left out: %r", row)
+        self.rows_rejected += len(rejected)
+        self.rows_written += sum(row[COUNT_INDEX] for row in rows) - sum(row[COUNT_INDEX] for row in rejected)
         return True
 
     def _replay_spool(self) -> bool:
@@ -385,14 +397,3 @@ class Ledger:
             log.error("ledger closed with %d rows unwritten (see the errors above)", self.pending)
         elif self.spooled:
             log.warning("ledger %s away at close: %d rows wait in the spool", self.location, self.spooled)
-
-
-def upgraded(row: tuple[Any, ...]) -> Keyed:
-    """A spooled row in today's columns: one spooled before a migration added columns gets their
-    defaults (added columns always come last, before the key)."""
-    missing = len(COLUMNS) - len(row)
-    if missing <= 0:
-        return row
-    defaults = LedgerRow._field_defaults
-    added = tuple(defaults.get(name) for name in LedgerRow._fields[len(row) - 1 :])
-    return (*row[:-1], *added, row[-1])

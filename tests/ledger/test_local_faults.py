@@ -20,8 +20,7 @@ from gateway.ledger.postgres import PostgresLedger
 from gateway.ledger.refusal_lines import RefusalLines
 from gateway.ledger.refused import RefusedRows
 from gateway.ledger.rows import COLUMNS, LedgerRow
-from gateway.ledger.spool import Spool
-from gateway.ledger.writer import upgraded
+from gateway.ledger.spool import Spool, upgraded
 from tests.postgres import TcpProxy
 
 from .test_contract import row
