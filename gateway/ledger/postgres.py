@@ -38,6 +38,9 @@ ROWS_PER_STATEMENT = 1000
 ANSWER_TIMEOUT_S = 20.0
 
 log = logging.getLogger("gateway.ledger")
+# The pool logs each failed connection attempt as a warning (one every second or two while the database
+# is away); the writer says the outage once and counts failed writes, so the pool's own are quieted.
+logging.getLogger("psycopg.pool").setLevel(logging.ERROR)
 
 
 def insert_many(cursor: psycopg.Cursor[Any], insert: str, rows: Sequence[tuple[Any, ...]]) -> None:
@@ -137,6 +140,12 @@ class PostgresLedger:
 
     def open(self) -> list[int]:
         kwargs = {"connect_timeout": max(1, int(self._timeout_s)), "application_name": "gateway-ledger"}
+        try:
+            # Knocked first: a server that refuses answers at once, where opening the pool waits out its
+            # timeout (and the writer opens again while the database is away: ``Ledger._opened_now``).
+            psycopg.connect(self.url, connect_timeout=max(1, int(self._timeout_s))).close()
+        except psycopg.Error as exc:
+            raise LedgerUnavailable(f"cannot open the ledger at {self.location}: {exc}") from exc
         pool: ConnectionPool[psycopg.Connection[Any]] = ConnectionPool(
             self.url,
             min_size=1,

@@ -8,13 +8,12 @@ per move) and retries the database with backoff; once a write goes through it wr
 too, oldest first. Every row has a key given once (``row_key``, unique in the database), so a batch
 retried after an unclear failure, or written from the spool twice, is counted once.
 
-What a SIGKILL can lose: the rows in memory, those of the current cycle (at most a flush interval's,
-plus the time one failing database write takes). A SIGTERM loses nothing: ``close()`` writes what it
-holds, or spools it while the database is away. When the spool cannot be written either, rows wait
-in memory up to a bound: billable rows ``MAX_PENDING_ROWS``, refused requests their own (``refused.py``);
-past its bound a kind drops its oldest row, says so in the log once per outage, and counts it by kind.
-A refusal never takes a billable row's place. A row the database cannot hold never stops the rest
-(``rejection.py``).
+A SIGKILL can lose the rows in memory: the current cycle's (a flush interval's, plus one failing
+write). A SIGTERM loses nothing: ``close()`` writes or spools what it holds. When the spool fails too,
+rows wait in memory up to a bound: billable rows ``MAX_PENDING_ROWS``, refusals their own
+(``refused.py``); past it a kind drops its oldest row, logs and counts it. A refusal never takes a
+billable row's place; a row the database cannot hold never stops the rest (``rejection.py``); a
+shared database away at the start is opened later, its rows spooled meanwhile.
 """
 
 from __future__ import annotations
@@ -31,6 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from gateway.ledger.database import LedgerDatabase, LedgerUnavailable
+from gateway.ledger.joining import joined
 from gateway.ledger.opening import open_database
 from gateway.ledger.refused import RefusedRows
 from gateway.ledger.rejection import scrubbed, write_apart
@@ -92,6 +92,7 @@ class Ledger:
         self._thread: threading.Thread | None = None
         self._started = threading.Event()
         self._open_error: BaseException | None = None
+        self._opened = False
         self._cycles = 0
         self._retry_at = 0.0
         self._failures = 0
@@ -162,22 +163,7 @@ class Ledger:
             return
         self._stopping = True
         self._wake.set()
-        # Joined in a daemon thread of its own, not the loop's executor: a stop that gives up on a writer
-        # stuck in its database (runtime/stopping.py) must leave no thread the interpreter's exit waits on.
-        loop = asyncio.get_running_loop()
-        ended: asyncio.Future[None] = loop.create_future()
-
-        def wake() -> None:
-            if not ended.done():
-                ended.set_result(None)
-
-        def join() -> None:
-            thread.join()
-            with contextlib.suppress(RuntimeError):  # the loop is gone: nobody waits any more
-                loop.call_soon_threadsafe(wake)
-
-        threading.Thread(target=join, name="ledger-close", daemon=True).start()
-        await ended
+        await joined(thread, "ledger-close")
         self._thread = None
 
     async def flush(self, timeout_s: float = 10.0) -> bool:
@@ -196,13 +182,16 @@ class Ledger:
 
     def _run(self) -> None:
         try:
-            applied = self.database.open()
-            shared = " (shared by the fleet)" if self.database.shared else ""
-            log.info("ledger: %s%s; migrations applied: %s", self.location, shared, applied or "none")
+            self._open()
         except LedgerUnavailable as exc:
-            self._open_error = exc
-            self._started.set()
-            return
+            # A fleet's database away at a replica's start (both restarting, say) must not keep the
+            # replica down too: with a spool to hold its rows, it serves and opens the database later.
+            if not (self.database.shared and self.spool is not None):
+                self._open_error = exc
+                self._started.set()
+                return
+            log.error("%s; serving without it: rows go to the spool until it answers", exc)
+            self.up = False
         self._started.set()
         try:
             self._count_spool()
@@ -219,12 +208,23 @@ class Ledger:
             if self.spool is not None:
                 self.spool.close()
 
+    def _open(self) -> None:
+        applied = self.database.open()
+        shared = " (shared by the fleet)" if self.database.shared else ""
+        log.info("ledger: %s%s; migrations applied: %s", self.location, shared, applied or "none")
+        self._opened = True
+
+    def _opened_now(self) -> bool:
+        """Whether the database is open, opening it (and migrating) if the start could not."""
+        if not self._opened:
+            with contextlib.suppress(LedgerUnavailable):
+                self._open()
+        return self._opened
+
     def _count_spool(self) -> None:
         """How many rows the spool holds (a previous run's, or another process's sharing the folder)."""
-        if self.spool is None:
-            return
         try:
-            if self.spool.count():
+            if self.spool is not None and self.spool.count():
                 log.warning("ledger spool %s holds %d rows: writing them", self.spool.path, self.spool.depth)
         except LedgerUnavailable as exc:
             log.error("%s; rows will wait in memory while the database is away", exc)
@@ -237,7 +237,7 @@ class Ledger:
             self._spool_held()  # first, so a write that hangs holds only the rows that come meanwhile
             if time.monotonic() < self._retry_at:
                 return False
-        if self._write_held() and self._replay_spool() and self._reached():
+        if self._opened_now() and self._write_held() and self._replay_spool() and self._reached():
             self._failures = 0
             if not self.pending and not self.spooled:
                 self.oldest_pending_since = None

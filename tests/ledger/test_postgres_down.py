@@ -325,3 +325,37 @@ def test_a_gateway_sigkilled_while_the_database_is_stopped_writes_its_spooled_ro
         f" duplicated {sum(n - 1 for n in written.values())}"
     )
     shutil.rmtree(setup.spool, ignore_errors=True)
+
+
+def test_a_gateway_started_while_the_database_is_stopped_serves_and_writes_its_rows_once_it_is_back(
+    server: PrivatePostgres, setup: Setup
+) -> None:
+    # A fleet whose database and replicas restart together: before, the start failed ("cannot open the
+    # ledger") and the replica stayed down as long as the database.
+    server.stop("fast")
+    gateway = serve(setup, "gateway")
+    answers = asyncio.run(send(gateway.url, 60, billable=True))
+    billable = [request_id for status, request_id in answers if status == 200]
+    assert len(billable) == 60, "every request answered while the database never was reachable"
+    eventually(lambda: metrics(gateway)["gateway_ledger_rows_spooled_total{}"] >= 60, timeout=60)
+    during = metrics(gateway)
+    assert during["gateway_ledger_up{}"] == 0
+    server.start()
+
+    def written_ids() -> set[str]:  # no table until the gateway, seeing the database back, migrates it
+        try:
+            return set(rows_per_request(setup.url))
+        except psycopg.errors.UndefinedTable:
+            return set()
+
+    eventually(lambda: set(billable) <= written_ids(), timeout=60)
+    eventually(lambda: metrics(gateway)["gateway_ledger_spool_rows{}"] == 0, timeout=60)
+    assert metrics(gateway)["gateway_ledger_up{}"] == 1
+    gateway.process.stop()
+    written = rows_per_request(setup.url)
+    assert set(written) == set(billable) and max(written.values()) == 1
+    assert "serving without it" in gateway.log.read_text()
+    print(
+        f"\nstarted while PostgreSQL was stopped: answered {len(billable)}, spooled"
+        f" {int(during['gateway_ledger_rows_spooled_total{}'])}, written once each when it came back"
+    )
