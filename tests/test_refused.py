@@ -273,3 +273,22 @@ def test_refused_rows_reach_a_postgresql_ledger_and_its_reports(
         {"reason": "route_not_allowed", "requests": 1},
     ]
     assert {r["route"]: r["refused"] for r in report["rows"]} == {"(none)": 1, "paid-only": 1}
+
+
+def test_token_counts_take_a_rate_window_of_their_own(guarded: Gateway) -> None:
+    """``/v1/messages/count_tokens`` under the key's requests per minute, in a window apart from its
+    messages (as Anthropic limits counting): before, a key could count without limit."""
+    limited = {"authorization": f"Bearer {LIMITED_KEY}"}
+    body = {"model": "vllm-only", "messages": HELLO}
+    first = send(guarded, "/messages/count_tokens", "count-1", body, **limited)
+    assert first.status_code == 200 and first.json()["input_tokens"] > 0, first.text
+    second = send(guarded, "/messages/count_tokens", "count-2", body, **limited)
+    assert second.status_code == 429, second.text
+    assert second.json()["type"] == "error" and second.json()["error"]["type"] == "rate_limit_error"
+    assert int(second.headers["retry-after"]) >= 1
+    # The counts took nothing from the key's messages: its one request a minute is still there.
+    message = send(guarded, "/messages", "limited-message", {**body, "max_tokens": 20}, **limited)
+    assert message.status_code == 200, message.text
+    # A key without a limit counts as before.
+    for n in range(3):
+        assert send(guarded, "/messages/count_tokens", f"team-{n}", body, **TEAM).status_code == 200

@@ -18,6 +18,7 @@ from gateway.doors.anthropic import MESSAGES, chat_payload
 from gateway.doors.openai import json_object, route_of
 from gateway.policy.compiled import CompiledPolicy
 from gateway.runtime import Runtime
+from gateway.store import Ask
 from gateway.values.auth import ApiKey, authorize_route
 from gateway.values.dialect import estimate_tokens, prompt_chars
 
@@ -31,6 +32,12 @@ async def count(runtime: Runtime, policy: CompiledPolicy, key: ApiKey | None, ra
     body = json_object(raw)
     route = route_of(body.get("model"), policy)
     authorize_route(key, route.name)
+    limits = runtime.rate_limits
+    charges = limits.counting(None if key is None else key.name, policy)
+    if charges:
+        verdict = await runtime.store.admit(Ask(windows=charges))
+        if verdict.status != "ok":
+            raise limits.refused(verdict, charges, key.name if key is not None else "")
     # A count has no max_tokens of its own: the translation needs one, and it counts nothing.
     payload = chat_payload({**body, "max_tokens": 1})
     tokens = estimate_tokens(prompt_chars(payload), policy.tuning.chars_per_token)

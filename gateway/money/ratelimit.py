@@ -68,6 +68,16 @@ class RateLimits:
             charges.append(self._tokens(name, limit, observation, prompt_tokens, decision))
         return tuple(charges)
 
+    def counting(self, key_name: str | None, policy: CompiledPolicy) -> tuple[WindowCharge, ...]:
+        """What a token count (``/v1/messages/count_tokens``) takes: one request from a window of its
+        own at the key's requests per minute. Anthropic limits counting apart from messages; here
+        counts are neither unlimited (each one is work) nor taken from the key's messages."""
+        limit = None if key_name is None else policy.rate_limits.get(key_name)
+        if key_name is None or limit is None or limit.requests_per_minute is None:
+            return ()
+        key = window_key(key_name, "count_tokens") + ":requests"
+        return (WindowCharge(key, limit.requests_per_minute, 1.0),)
+
     def refused(self, verdict: Verdict, charges: tuple[WindowCharge, ...], key_name: str) -> RateLimited:
         charge = charges[verdict.window]
         unit = charge.key.rpartition(":")[2]
