@@ -96,7 +96,10 @@ class History:
             else:
                 self.reasoning.append(text)
             return
-        for part in item.get("content") or ():
+        content = item.get("content") or ()
+        if not isinstance(content, list | tuple):
+            raise InvalidRequest("input: a reasoning item's 'content' must be an array", param="input")
+        for part in content:
             if (
                 isinstance(part, dict)
                 and part.get("type") == "reasoning_text"

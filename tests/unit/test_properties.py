@@ -354,3 +354,14 @@ def test_a_policy_nested_deeper_than_the_stack_is_a_policy_error(depth: int, bra
     text = "backends: " + (opening + inner) * depth + "1" * (opening == "{") + closing * depth
     with contextlib.suppress(PolicyError):
         compile_policy_text(text, "policy.yaml", environ={})
+
+
+@pytest.mark.parametrize("content", [True, 7, "text", {"type": "reasoning_text"}])
+def test_a_reasoning_item_whose_content_is_no_array_is_a_400(content: Any) -> None:
+    """Found by the property above: a reasoning item's ``content`` of True was iterated (a 500)."""
+    body = {
+        "model": "kimi-k3",
+        "input": [{"type": "reasoning", "content": content}, {"role": "user", "content": "hi"}],
+    }
+    with pytest.raises(InvalidRequest, match="reasoning item"):
+        RESPONSES.parse(json.dumps(body).encode(), POLICY, 4.0)
