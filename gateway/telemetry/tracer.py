@@ -41,6 +41,7 @@ class Tracer:
         self.content = settings.content
         self._clock, self._wall_clock = clock, wall_clock
         self._sampler = settings.sampler
+        self._keeps_every_new_trace = settings.sampler.ratio >= 1.0
         resource = {
             "service.name": settings.service_name,
             "service.version": gateway_version(),
@@ -55,6 +56,9 @@ class Tracer:
     def begin(self, traceparent_header: str | None, tracestate_header: str | None) -> RequestTrace | None:
         """At arrival: the request's trace (the client's continued, else a new one), or None when it
         is not sampled and there is no client context to pass on."""
+        if traceparent_header is None and self._keeps_every_new_trace:  # the usual request: no sampling
+            offset = self._wall_clock() - self._clock()
+            return RequestTrace(self, (new_trace_id(), new_span_id(), b"", "", offset), None)
         parent = parse_traceparent(traceparent_header, tracestate_header)
         trace_id = new_trace_id() if parent is None else parent.trace_id
         if not self._sampler.keeps(trace_id, parent):

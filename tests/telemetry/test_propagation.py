@@ -2,7 +2,8 @@
 gateway's server span and sent on to a self-hosted engine (the vLLM-dialect emulator records every
 header it gets) under the attempt's own span; a paid API gets none unless its backend says
 ``trace_context: true``. Prompts and answers (streamed or whole) go into spans only with
-``telemetry.content: true``, and never for a route marked ``private``. With no telemetry section nothing of this happens."""
+``telemetry.content: true``, and never for a route marked ``private``. With no telemetry section nothing
+of this happens."""
 
 from __future__ import annotations
 

@@ -6,6 +6,7 @@ into another's."""
 from __future__ import annotations
 
 import dataclasses
+import threading
 from typing import Any
 
 from gateway.policy.decide import Decision
@@ -154,3 +155,28 @@ def test_a_request_without_decision_usage_or_content() -> None:
     model = spans_of(export_request(RESOURCE, SCOPE, request_spans(ids, bare, None, backends, None)))
     assert read(written) == read(model)
     assert "gen_ai.input.messages" not in written[0].attributes and written[0].parent_span_id == ""
+
+
+def test_a_record_holds_only_immutable_values_taken_when_the_request_settles() -> None:
+    """The exporter's thread reads records alone: nothing in one may be an object the request path still
+    holds (the decision's candidates, built lazily, are built by whoever takes the record)."""
+    backends = load_policy(POLICY).backends
+    ids, observation, eager = settled(2)
+    built_by: list[int] = []
+
+    def candidates() -> tuple[CandidateEval, ...]:
+        built_by.append(threading.get_ident())
+        return eager.evals
+
+    lazy = Decision(eager.order, eager.reason, candidates, eager.expected_cost_usd, eager.cached_tokens)
+    record = record_of(ids, observation, lazy, backends, [{"role": "user"}], b'{"choices": []}')
+    assert built_by == [threading.get_ident()]
+
+    def immutable(value: object) -> bool:
+        if isinstance(value, tuple):
+            return all(immutable(item) for item in value)
+        return value is None or isinstance(value, (str, bytes, int, float))
+
+    assert immutable(record)
+    observation.attempts[0].usage = Usage(1, 1)  # the request's objects change: the record does not
+    assert record == record_of(ids, settled(2)[1], eager, backends, [{"role": "user"}], b'{"choices": []}')
