@@ -252,7 +252,7 @@ async def complete_once(exchange: Exchange, attempt: Attempt, call: UpstreamCall
     unusable = unusable_answer(raw)
     if unusable is not None:  # a 200 that is no answer is a failed attempt: fall back
         raise AttemptFailure("upstream_error", f"{call.backend.name}: {unusable}")
-    if exchange.trace is not None:  # the trace keeps it only where it may hold the answer
+    if exchange.trace is not None:  # its trace lets it in only where telemetry.content may
         exchange.trace.answer = raw
     attempt.usage, decode_s = read_completion(
         raw, client.prompt_tokens, exchange.policy.tuning.chars_per_token

@@ -1,8 +1,9 @@
 """The tracer the runtime holds when tracing is on, and the ``RequestTrace`` each request carries.
 
 On the request path it does three small things: reads the client's traceparent and samples at arrival
-(``begin``), hands each attempt's call its traceparent (``upstream``, for backends that take one) and
-queues the settled request (``finish``). Spans are written later, in the exporter's thread (``encode``)."""
+(``begin``), gives each attempt's call its traceparent (``headers``, for backends that take one) and
+queues the settled request's record (``finish``, ``record``). Spans are written later, in the exporter's
+thread (``encode``)."""
 
 from __future__ import annotations
 
