@@ -92,8 +92,8 @@ def test_a_tracestate_that_is_not_printable_ascii_is_not_passed_on() -> None:
 
 def test_a_settled_request_as_spans_with_its_queue_and_a_resume_link() -> None:
     from gateway.telemetry.encode import request_messages
-    from gateway.telemetry.record import request_record
     from gateway.telemetry.otlp import envelope, export_body
+    from gateway.telemetry.record import request_record
     from gateway.telemetry.spans import KIND_CLIENT, KIND_INTERNAL, KIND_SERVER, TraceIds
     from gateway.values.observation import Attempt, Observation, Usage
     from tests.telemetry.receiver import spans_of
