@@ -62,16 +62,17 @@ EVENTS: list[tuple[str, dict[str, Any]]] = [
 
 
 def ours() -> tuple[float, float]:
-    """The gateway's way: the request path keeps the settled request as it is (so "making spans" here is
-    only making the request's own records, which the gateway makes anyway); the exporter's thread writes
-    its spans straight to OTLP bytes (``gateway.telemetry.encode``)."""
+    """The gateway's way: the request path takes a flat record of the settled request
+    (``gateway.telemetry.record``; "making spans" here is making the request's own objects, which the
+    gateway makes anyway, and that record); the exporter's thread writes its spans straight to OTLP
+    bytes (``gateway.telemetry.encode``)."""
     from gateway.policy.decide import Decision
     from gateway.policy.evaluate import CandidateEval
     from gateway.policy.schema import Slo
     from gateway.telemetry.context import new_span_id, new_trace_id
-    from gateway.telemetry.encode import request_span_messages
+    from gateway.telemetry.encode import request_messages
     from gateway.telemetry.otlp import envelope, export_body
-    from gateway.telemetry.spans import TraceIds
+    from gateway.telemetry.record import RequestRecord, request_record
     from gateway.values.observation import Attempt, Observation, Usage
 
     def candidate(name: str) -> CandidateEval:
@@ -83,8 +84,8 @@ def ours() -> tuple[float, float]:
     evals = (candidate("a"), candidate("b"))
     backends: dict[str, Any] = {}
 
-    def make(index: int) -> tuple[TraceIds, Observation, Decision]:
-        ids = TraceIds(new_trace_id(), new_span_id(), b"", "", 1.7e9)
+    def make(index: int) -> RequestRecord:
+        ids = (new_trace_id(), new_span_id(), b"", "", 1.7e9)
         failed = Attempt("a", 10.0, status="upstream_error", http_status=503, finished_at=10.1)
         answered = Attempt(
             "b",
@@ -108,14 +109,15 @@ def ours() -> tuple[float, float]:
             finished_at=11.0,
             cost_usd=0.00039,
         )
-        return ids, observation, Decision(("a", "b"), "cheapest_within_slo", evals, 0.0002)
+        decision = Decision(("a", "b"), "cheapest_within_slo", evals, 0.0002)
+        return request_record(ids, {}, (), observation, decision, backends)
 
     started = time.process_time()
     settled = [make(index) for index in range(REQUESTS)]
     made = time.process_time()
     parts = envelope({"service.name": "llm-gateway"}, ("gateway.telemetry", "1"))
-    for ids, observation, decision in settled:
-        export_body(parts, request_span_messages(ids, observation, decision, backends, None))
+    for record in settled:
+        export_body(parts, request_messages(record))
     return made - started, time.process_time() - made
 
 

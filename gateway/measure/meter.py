@@ -178,28 +178,33 @@ class StreamMeter:
     def _inspect_choice(self, choice: Any, now: float) -> None:
         if not isinstance(choice, dict):
             return
+        transcript = self.transcript
+        if transcript is not None and (reason := choice.get("finish_reason")):
+            transcript.finish_reason = reason
         delta = choice.get("delta")
         if isinstance(delta, dict):
             content = delta.get("content")
             if content or delta.get("tool_calls"):
                 self._answer(now)
-                if self.transcript is not None:
-                    self.transcript.answered(content, delta.get("tool_calls"))
+                if transcript is not None:
+                    transcript.answered(content, delta.get("tool_calls"))
                 return
             for field in REASONING_FIELDS:
                 text = delta.get(field)
                 if text and self.continues_answer:
                     self._answer(now)
-                    if self.transcript is not None:
-                        self.transcript.answered(text, None)
+                    if transcript is not None:
+                        transcript.answered(text, None)
                     return
                 if text:
                     self._reasoning(now)
-                    if self.transcript is not None:
-                        self.transcript.reasoned(text)
+                    if transcript is not None:
+                        transcript.reasoned(text)
                     return
-        elif choice.get("text"):  # /v1/completions
+        elif text := choice.get("text"):  # /v1/completions
             self._answer(now)
+            if transcript is not None:
+                transcript.answered(text, None)
 
     def _answer(self, now: float) -> None:
         self.answer_chunks += 1

@@ -260,7 +260,7 @@ class Route(Strict):
     aliases: list[RouteAlias] = []
     # Who shares the prefix cache on this route (PrefixSharing); unset: per key when keys share it.
     prefix_cache: PrefixSharing | None = None
-    # Its prompts never go into a trace, whatever ``telemetry.content`` says.
+    # Its prompts and answers never go into a trace, whatever ``telemetry.content`` says.
     private: bool = False
 
 

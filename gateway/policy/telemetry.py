@@ -21,7 +21,8 @@ class Telemetry(Strict):
     # OTEL_TRACES_SAMPLER(_ARG), else every trace.
     sample_ratio: Annotated[float, Field(ge=0, le=1)] | None = None
     service_name: Annotated[str, Field(min_length=1, max_length=256)] | None = None  # else OTEL_SERVICE_NAME
-    # Prompts in the spans (gen_ai.input.messages); never for a route marked ``private``.
+    # Prompts and answers in the spans (gen_ai.input.messages, gen_ai.output.messages: at most 32,768
+    # characters of answer); never for a route marked ``private``.
     content: bool = False
     # Finished requests waiting for the exporter; past it a request's spans are dropped (and counted).
     max_queued_traces: Annotated[int, Field(ge=1, le=1_000_000)] = 2048

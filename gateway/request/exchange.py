@@ -16,7 +16,7 @@ from gateway.backends import Upstream, UpstreamCall
 from gateway.doors import ClientRequest, Door
 from gateway.measure.prefix_index import NO_KEYS
 from gateway.measure.stats import AttemptTicket
-from gateway.policy.compiled import CompiledPolicy
+from gateway.policy.compiled import CompiledBackend, CompiledPolicy
 from gateway.policy.decide import Decision, RequestFeatures
 from gateway.values.auth import ApiKey
 from gateway.values.observation import Attempt, Observation, Usage
@@ -123,10 +123,19 @@ class Exchange:
         self._current = (attempt, ticket)
         return attempt
 
+    def call(
+        self, backend: CompiledBackend, path: str, body: bytes, stream: bool, wait_s: float
+    ) -> UpstreamCall:
+        """The call of the attempt in flight; with tracing on, with the trace context for an engine that
+        takes it (built here at once: copying the frozen call to add it cost 1.5 us)."""
+        trace, observation = self.trace, self.observation
+        if trace is None or observation is None:
+            return UpstreamCall(backend, path, body, stream, wait_s)
+        headers = trace.headers(backend, len(observation.attempts) - 1)
+        return UpstreamCall(backend, path, body, stream, wait_s, headers)
+
     async def open(self, call: UpstreamCall) -> Upstream:
         """Send the attempt in flight to its backend; its answer is closed when the attempt ends."""
-        if self.trace is not None and self.observation is not None:
-            call = self.trace.upstream(call, len(self.observation.attempts) - 1)
         upstream = await self.runtime.backends.client_for(call.backend).open(call)
         self._upstream = upstream
         return upstream

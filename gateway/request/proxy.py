@@ -184,9 +184,9 @@ async def attempt_in_order(
         try:
             if client.stream:
                 wait_s = min(backend.timeouts.first_byte_s, remaining)
-                return await open_stream(exchange, attempt, UpstreamCall(backend, path, body, True, wait_s))
+                return await open_stream(exchange, attempt, exchange.call(backend, path, body, True, wait_s))
             wait_s = min(backend.timeouts.answer_s, remaining)
-            return await complete_once(exchange, attempt, UpstreamCall(backend, path, body, False, wait_s))
+            return await complete_once(exchange, attempt, exchange.call(backend, path, body, False, wait_s))
         except AttemptFailure as exc:
             failure = exc
             attempt.status = "timeout" if exc.kind == "timeout" else "upstream_error"
@@ -252,6 +252,8 @@ async def complete_once(exchange: Exchange, attempt: Attempt, call: UpstreamCall
     unusable = unusable_answer(raw)
     if unusable is not None:  # a 200 that is no answer is a failed attempt: fall back
         raise AttemptFailure("upstream_error", f"{call.backend.name}: {unusable}")
+    if exchange.trace is not None:  # its trace lets it in only where telemetry.content may
+        exchange.trace.answer = raw
     attempt.usage, decode_s = read_completion(
         raw, client.prompt_tokens, exchange.policy.tuning.chars_per_token
     )

@@ -25,12 +25,12 @@ from typing import TYPE_CHECKING, Any
 
 import orjson
 
-from gateway.backends import UpstreamCall
 from gateway.backends.continuation import continuation_body
 from gateway.errors import AttemptFailure
 from gateway.measure.meter import StreamMeter
 from gateway.measure.transcript import Transcript
 from gateway.request.first_events import first_events
+from gateway.telemetry.content import KEPT_STREAM_CHARS
 from gateway.values.dialect import REASONING_FIELDS
 from gateway.values.observation import Attempt, Usage
 
@@ -40,15 +40,19 @@ if TYPE_CHECKING:
 
 
 def transcript_for(exchange: Exchange) -> Transcript | None:
-    """A transcript when this request's stream may be resumed, else None (and no cost per chunk)."""
-    client = exchange.client
-    if (
-        client is None
-        or not client.route.resume_streams
-        or exchange.door.upstream_path != "/chat/completions"
-    ):
+    """A transcript when this request's stream may be resumed, or when its trace may hold the answer
+    (``telemetry.content``: then it keeps at most what the trace holds); else None (and no cost per
+    chunk)."""
+    client, trace = exchange.client, exchange.trace
+    if client is None:
         return None
-    return Transcript()
+    transcript = None
+    if client.route.resume_streams and exchange.door.upstream_path == "/chat/completions":
+        transcript = Transcript()
+    if trace is not None and trace.keeps_content(client.route):
+        transcript = transcript or Transcript(resumes=False, keep_chars=KEPT_STREAM_CHARS)
+        trace.answer = transcript
+    return transcript
 
 
 @dataclass(slots=True)
@@ -96,7 +100,7 @@ async def resume_stream(exchange: Exchange, meter: StreamMeter, failure: Attempt
         body = continuation_body(
             client.payload, backend, answer, reasoning, client.max_tokens, generated, client.cache_salt
         )
-        call = UpstreamCall(
+        call = exchange.call(
             backend, "/chat/completions", body, True, min(backend.timeouts.first_byte_s, remaining)
         )
         next_meter = StreamMeter(

@@ -114,7 +114,8 @@ class StreamRelay:
             attempt.error = failure.message
             resumed = None
             stopping = self._exchange.runtime.drain.ended  # the gateway ended it: no resuming elsewhere
-            if self._meter.transcript is not None and not stopping:
+            transcript = self._meter.transcript
+            if transcript is not None and transcript.resumes and not stopping:
                 resumed = await resume_stream(self._exchange, self._meter, failure)
             if stopping:
                 # The gateway cut it, not the backend: no failure of its to count (a rolling restart

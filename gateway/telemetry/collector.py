@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Iterator
+from typing import Any
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
@@ -10,7 +11,7 @@ from gateway.telemetry.exporter import SpanExporter
 
 
 class TraceExportCollector:
-    def __init__(self, exporter: SpanExporter) -> None:
+    def __init__(self, exporter: SpanExporter[Any]) -> None:
         self._exporter = exporter
 
     def describe(self) -> list[Metric]:

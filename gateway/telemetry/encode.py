@@ -1,56 +1,45 @@
-"""A settled request written straight to OTLP ``Span`` messages: the server span, the route's queue, one
-client span per attempt, the decision as events, with no span objects in between.
+"""A settled request's record (``record``) written straight to OTLP ``Span`` messages: the server span,
+the route's queue, one client span per attempt, the decision as events, with no span objects in between.
 
 The spans and their attributes are those ``spans`` describes (GenAI semantic conventions, ``gateway.*``
-where none exists); this writes them for the exporter's thread at the cost the 10% budget of issue 37
+where none exists); this writes them in the exporter's thread at the cost the 10% budget of issue 37
 allows. Why it is fast: protobuf lets a message's fields come in any order, so everything in a span that
 repeats from request to request (its name, kind, and the text and flag attributes fixed by the route,
 backend, status and decision: about two thirds of its bytes) is one cached block of bytes, looked up by
-the values it was written from; only ids, times and numbers are written per request. The caches are
-bounded, whatever names and values a policy or its clients bring.
+the slice of the record it was written from; only ids, times and numbers are written per request, each
+number behind a head (field tag, lengths, key) written once per attribute name. The caches are bounded,
+whatever names and values a policy or its clients bring.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
-from typing import TYPE_CHECKING
+import functools
+import struct
+from collections.abc import Callable
 
+from gateway.telemetry.content import output_messages
 from gateway.telemetry.context import new_span_id
-from gateway.telemetry.otlp import (
-    SAMPLED_FLAGS,
-    attributes,
-    error_status,
-    fixed64,
-    kv_double,
-    kv_int,
-    len_field,
-    span_ids,
-    span_times,
-    text_field,
-    varint,
-)
+from gateway.telemetry.otlp import SAMPLED_FLAGS, attributes, error_status, len_field, text_field, varint
+from gateway.telemetry.record import AttemptRecord, DecisionRecord, RequestRecord, UsageRecord
 from gateway.telemetry.spans import (
     KIND_CLIENT,
     KIND_INTERNAL,
     KIND_SERVER,
-    OPERATIONS,
     PROVIDERS,
     AttributeValue,
-    TraceIds,
     server_address,
 )
-from gateway.values.observation import Attempt, Observation, Usage
-
-if TYPE_CHECKING:
-    from gateway.policy.compiled import CompiledBackend
-    from gateway.policy.decide import Decision
-
 
 MAX_CACHED = 4096
-_fixed: dict[tuple[object, ...], bytes] = {}
+_fixed: dict[object, bytes] = {}
+_SMALL = [bytes((n,)) for n in range(0x80)]
+# start_time_unix_nano 7 and end_time_unix_nano 8 (fixed64), tags and values in one call
+_times = struct.Struct("<BQBQ").pack
+_double = struct.Struct("<d").pack
+_fixed64 = struct.Struct("<Q").pack
 
 
-def _cached(key: tuple[object, ...], make: Callable[[], bytes]) -> bytes:
+def _cached(key: object, make: Callable[[], bytes]) -> bytes:
     block = _fixed.get(key)
     if block is None:
         block = make()
@@ -59,145 +48,149 @@ def _cached(key: tuple[object, ...], make: Callable[[], bytes]) -> bytes:
     return block
 
 
-def _usage(attempts: Sequence[Attempt]) -> bytes:
-    if len(attempts) == 1:
-        usage = attempts[0].usage
-        if usage is None:
-            return b""
-        prompt, completion = usage.prompt_tokens, usage.completion_tokens
-        cached, reasoning, counted = (
-            usage.cached_prompt_tokens,
-            usage.reasoning_tokens,
-            usage.source == "counted",
-        )
-    else:
-        found: list[Usage] = [a.usage for a in attempts if a.usage is not None]
-        if not found:
-            return b""
-        prompt = sum(u.prompt_tokens for u in found)
-        completion = sum(u.completion_tokens for u in found)
-        cached = sum(u.cached_prompt_tokens for u in found)
-        reasoning = sum(u.reasoning_tokens for u in found)
-        counted = any(u.source == "counted" for u in found)
+def _int_heads(field: int, name: str) -> list[bytes]:
+    """KeyValue {key 1, value 2: AnyValue {int_value 3}} up to its varint, by the varint's size (1-10):
+    the field tag, the KeyValue's length, the key, AnyValue's tag and length, int_value's tag."""
+    key = text_field(1, name)
+    assert len(key) < 100, name  # a KeyValue of a number then stays under 128 bytes: a one-byte length
+    return [b""] + [
+        varint(field << 3 | 2) + bytes((len(key) + 3 + size,)) + key + b"\x12" + bytes((size + 1,)) + b"\x18"
+        for size in range(1, 11)
+    ]
+
+
+def _double_head(field: int, name: str) -> bytes:
+    """KeyValue {key 1, value 2: AnyValue {double_value 4}} up to its 8 bytes."""
+    key = text_field(1, name)
+    assert len(key) < 100, name
+    return varint(field << 3 | 2) + bytes((len(key) + 11,)) + key + b"\x12\x09\x21"
+
+
+def _int(heads: list[bytes], value: int) -> bytes:
+    if 0 <= value < 0x80:
+        return heads[1] + _SMALL[value]
+    encoded = varint(value)
+    return heads[len(encoded)] + encoded
+
+
+_INPUT = _int_heads(9, "gen_ai.usage.input_tokens")
+_OUTPUT = _int_heads(9, "gen_ai.usage.output_tokens")
+_CACHE_READ = _int_heads(9, "gen_ai.usage.cache_read.input_tokens")
+_REASONING = _int_heads(9, "gen_ai.usage.reasoning.output_tokens")
+_ATTEMPTS = _int_heads(9, "gateway.attempts")
+_ATTEMPT = _int_heads(9, "gateway.attempt")
+_MAX_TOKENS = _int_heads(9, "gen_ai.request.max_tokens")
+_EXPECTED_CACHED = _int_heads(9, "gateway.expected_cached_tokens")
+_CANDIDATE_CACHED = _int_heads(3, "gateway.candidate.expected_cached_tokens")
+_COST = _double_head(9, "gateway.cost_usd")
+_QUEUED = _double_head(9, "gateway.queued_s")
+_TTFT = _double_head(9, "gen_ai.response.time_to_first_chunk")
+_FIRST_ANSWER = _double_head(9, "gateway.first_answer_s")
+_DECISION_COST = _double_head(3, "gateway.decision.expected_cost_usd")
+_CANDIDATE_TTFT = _double_head(3, "gateway.candidate.predicted_ttft_p95_s")
+_CANDIDATE_COST = _double_head(3, "gateway.candidate.expected_cost_usd")
+_REQUEST_ID = text_field(1, "gateway.request_id")
+_SOURCES = {
+    flag: attributes(9, {"gateway.usage_source": "counted" if flag else "reported"}) for flag in (False, True)
+}
+_RESUMES_LINK = attributes(4, {"gateway.link": "resumes"}) + b"\x35\x01\x00\x00\x00"
+
+
+def _usage(usage: UsageRecord) -> bytes:
+    prompt, completion, cached, reasoning, counted = usage
     return b"".join(
         (
-            kv_int(9, "gen_ai.usage.input_tokens", prompt),
-            kv_int(9, "gen_ai.usage.output_tokens", completion),
-            kv_int(9, "gen_ai.usage.cache_read.input_tokens", cached),
-            kv_int(9, "gen_ai.usage.reasoning.output_tokens", reasoning),
+            _int(_INPUT, prompt),
+            _int(_OUTPUT, completion),
+            _int(_CACHE_READ, cached),
+            _int(_REASONING, reasoning),
             _SOURCES[counted],
         )
     )
 
 
-_SOURCES = {
-    flag: attributes(9, {"gateway.usage_source": "counted" if flag else "reported"}) for flag in (False, True)
-}
-
-
-def request_span_messages(
-    ids: TraceIds,
-    observation: Observation,
-    decision: Decision | None,
-    backends: Mapping[str, CompiledBackend],
-    input_messages: str | None,
-    output_messages: str | None = None,
-) -> list[bytes]:
-    """One settled request's ``Span`` messages; the messages: the prompt and the answer as JSON, when
-    the policy lets them in."""
-    end = observation.finished_at if observation.finished_at is not None else observation.started_at
-    operation = OPERATIONS.get(observation.endpoint, observation.endpoint)
-    final = observation.final
-    final_backend = final.backend if final is not None else None
-    error = None if observation.status == "ok" else (observation.error_type or observation.status)
-    final_model = None
-    if final_backend is not None and (compiled := backends.get(final_backend)) is not None:
-        final_model = compiled.model
-
-    def server_block() -> bytes:
-        attrs: dict[str, AttributeValue] = {
-            "gen_ai.operation.name": operation,
-            "gen_ai.request.model": observation.route,
-            "gen_ai.request.stream": observation.stream,
-            "gateway.route": observation.route,
-            "gateway.status": observation.status,
-        }
-        for name, value in (
-            ("gateway.cost_basis", observation.cost_basis),
-            ("gateway.decision.reason", observation.decision_reason),
-            ("gateway.api_key", observation.api_key_name),
-        ):
-            if value is not None:
-                attrs[name] = value
-        if final_backend is not None:
-            attrs["gateway.backend"] = final_backend
-        if final_model is not None:
-            attrs["gen_ai.response.model"] = final_model
-        if error is not None:
-            attrs["error.type"] = error
-        block = text_field(5, f"{operation} {observation.route}") + b"\x30" + varint(KIND_SERVER)
-        block += attributes(9, attrs)
-        return block + (error_status(error) if error is not None else b"") + SAMPLED_FLAGS
-
-    fixed = _cached(
-        (
-            "server",
-            operation,
-            observation.route,
-            observation.stream,
-            observation.status,
-            observation.cost_basis,
-            observation.decision_reason,
-            observation.api_key_name,
-            final_backend,
-            error,
-            final_model,
-        ),
-        server_block,
+def _summed(attempts: tuple[AttemptRecord, ...]) -> UsageRecord | None:
+    found = [a[16] for a in attempts if a[16] is not None]
+    if not found:
+        return None
+    if len(found) == 1:
+        return found[0]
+    return (
+        sum(u[0] for u in found),
+        sum(u[1] for u in found),
+        sum(u[2] for u in found),
+        sum(u[3] for u in found),
+        any(u[4] for u in found),
     )
-    ns = ids.ns
+
+
+def _ids(trace_id: bytes, span_id: bytes, parent: bytes) -> bytes:
+    # trace_id 1, span_id 2, parent_span_id 4
+    if parent:
+        return b"\x0a\x10" + trace_id + b"\x12\x08" + span_id + b"\x22\x08" + parent
+    return b"\x0a\x10" + trace_id + b"\x12\x08" + span_id
+
+
+def _ns(clock_s: float, offset_s: float) -> int:
+    value = int((clock_s + offset_s) * 1e9)
+    return value if value > 0 else 0
+
+
+def request_messages(record: RequestRecord) -> list[bytes]:
+    """One settled request's ``Span`` messages."""
+    (trace_id, server_id, parent, trace_state, offset, operation, route, _, status) = record[:9]
+    (request_id, started, ended, max_tokens, cost, queued_s, expected_cached) = record[15:22]
+    attempts, queued, decision, prompt, answer = record[22:]
+    start_ns, end_ns = _ns(started, offset), _ns(ended, offset)
+    request_id_bytes = request_id.encode("utf-8", "replace")
     out = [
-        span_ids(ids.trace_id, ids.server_span_id, ids.parent_span_id),
-        span_times(ns(observation.started_at), ns(end)),
-        fixed,
-        attributes(9, {"gateway.request_id": observation.request_id}),
-        kv_int(9, "gateway.attempts", len(observation.attempts)),
-        kv_double(9, "gateway.cost_usd", observation.cost_usd or 0.0),
-        kv_double(9, "gateway.queued_s", observation.queued_s),
-        _usage(observation.attempts),
+        _ids(trace_id, server_id, parent),
+        _times(0x39, start_ns, 0x41, end_ns if end_ns > start_ns else start_ns),
+        _fixed.get(record[5:15]) or _cached(record[5:15], lambda: _server_block(record)),
+        # the request id: text, never a repeat, so never cached
+        len_field(9, _REQUEST_ID + len_field(2, len_field(1, request_id_bytes))),
+        _int(_ATTEMPTS, len(attempts)),
+        _COST + _double(cost),
+        _QUEUED + _double(queued_s),
     ]
-    if ids.trace_state:
-        out.append(text_field(3, ids.trace_state))
-    if observation.max_tokens is not None:
-        out.append(kv_int(9, "gen_ai.request.max_tokens", observation.max_tokens))
-    if observation.predicted_cached_tokens is not None:
-        out.append(kv_int(9, "gateway.expected_cached_tokens", observation.predicted_cached_tokens))
+    single = len(attempts) == 1
+    usage = attempts[0][16] if single else _summed(attempts)
+    usage_bytes = b"" if usage is None else _usage(usage)
+    out.append(usage_bytes)
+    if trace_state:
+        out.append(text_field(3, trace_state))
+    if max_tokens is not None:
+        out.append(_int(_MAX_TOKENS, max_tokens))
+    if expected_cached is not None:
+        out.append(_int(_EXPECTED_CACHED, expected_cached))
     content: dict[str, AttributeValue] = {}
-    if input_messages is not None:
-        content["gen_ai.input.messages"] = input_messages
-    if output_messages is not None:
-        content["gen_ai.output.messages"] = output_messages
+    if prompt is not None:
+        content["gen_ai.input.messages"] = prompt
+    if answer is not None and (said := output_messages(answer, operation, status == "ok")) is not None:
+        content["gen_ai.output.messages"] = said
     if content:
         out.append(attributes(9, content))
     if decision is not None:
-        first = observation.attempts[0].started_at if observation.attempts else end
-        out.append(decision_events(decision, ns(first)))
+        first = attempts[0][10] if attempts else ended
+        out.append(_decision_events(decision, _ns(first, offset)))
     messages = [b"".join(out)]
-    for began, ended in ids.queued:
-        queue = span_ids(ids.trace_id, new_span_id(), ids.server_span_id) + span_times(ns(began), ns(ended))
+    for began, stopped in queued:
+        begin_ns, stop_ns = _ns(began, offset), _ns(stopped, offset)
         messages.append(
-            queue + _cached(("queue", observation.route), lambda: _queue_block(observation.route))
+            _ids(trace_id, new_span_id(), server_id)
+            + _times(0x39, begin_ns, 0x41, stop_ns if stop_ns > begin_ns else begin_ns)
+            + _cached(("queue", route), lambda: _queue_block(route))
         )
     previous: bytes | None = None
-    for index, attempt in enumerate(observation.attempts):
-        span_id = ids.attempt_span_ids.get(index) or new_span_id()
-        body = attempt_span_message(
-            ids.trace_id, span_id, ids.server_span_id, attempt, backends.get(attempt.backend), operation, ns
+    for index, attempt in enumerate(attempts):
+        span_id = attempt[9] or new_span_id()
+        body = _attempt_message(
+            trace_id, span_id, server_id, attempt, offset, usage_bytes if single else None
         )
-        body += kv_int(9, "gateway.attempt", index + 1)
-        if attempt.resumed is not None and previous is not None:  # a takeover: linked to the cut attempt
+        body += _int(_ATTEMPT, index + 1)
+        if attempt[8] is not None and previous is not None:  # a takeover: linked to the cut attempt
             # Link 13 {trace_id 1, span_id 2, attributes 4, flags 6}
-            link = b"\x0a\x10" + ids.trace_id + b"\x12\x08" + previous + _RESUMES_LINK
+            link = b"\x0a\x10" + trace_id + b"\x12\x08" + previous + _RESUMES_LINK
             body += len_field(13, link)
             # Also as an attribute: some stores (Phoenix) keep no links.
             body += attributes(9, {"gateway.resumes_span_id": previous.hex()})
@@ -206,7 +199,27 @@ def request_span_messages(
     return messages
 
 
-_RESUMES_LINK = attributes(4, {"gateway.link": "resumes"}) + b"\x35\x01\x00\x00\x00"
+def _server_block(record: RequestRecord) -> bytes:
+    operation, route, stream, status, error, cost_basis, reason, api_key, final, final_model = record[5:15]
+    attrs: dict[str, AttributeValue] = {
+        "gen_ai.operation.name": operation,
+        "gen_ai.request.model": route,
+        "gen_ai.request.stream": stream,
+        "gateway.route": route,
+        "gateway.status": status,
+    }
+    for name, value in (
+        ("gateway.cost_basis", cost_basis),
+        ("gateway.decision.reason", reason),
+        ("gateway.api_key", api_key),
+        ("gateway.backend", final),
+        ("gen_ai.response.model", final_model),
+        ("error.type", error),
+    ):
+        if value is not None:
+            attrs[name] = value
+    block = text_field(5, f"{operation} {route}") + b"\x30" + varint(KIND_SERVER) + attributes(9, attrs)
+    return block + (error_status(error) if error is not None else b"") + SAMPLED_FLAGS
 
 
 def _queue_block(route: str) -> bytes:
@@ -214,136 +227,97 @@ def _queue_block(route: str) -> bytes:
     return block + attributes(9, {"gateway.route": route}) + SAMPLED_FLAGS
 
 
-def attempt_span_message(
-    trace_id: bytes,
-    span_id: bytes,
-    parent: bytes,
-    attempt: Attempt,
-    backend: CompiledBackend | None,
-    operation: str,
-    ns: Callable[[float], int],
-    extra: Mapping[str, AttributeValue] | None = None,
-    name: str | None = None,
+def _attempt_message(
+    trace_id: bytes, span_id: bytes, parent: bytes, attempt: AttemptRecord, offset: float, usage: bytes | None
 ) -> bytes:
-    """One attempt's client span (a probe's too: its ``name`` and ``extra`` attributes)."""
-    end = attempt.finished_at if attempt.finished_at is not None else attempt.started_at
-    error = None if attempt.status == "ok" else (attempt.error or attempt.status)
-
-    def attempt_block() -> bytes:
-        model = backend.model if backend is not None else attempt.backend
-        attrs: dict[str, AttributeValue] = {
-            "gen_ai.operation.name": operation,
-            "gen_ai.request.model": model,
-            "gateway.backend": attempt.backend,
-            "gateway.attempt.status": attempt.status,
-        }
-        if backend is not None:
-            attrs["gen_ai.provider.name"] = PROVIDERS.get(backend.dialect, backend.dialect)
-            attrs["gateway.dialect"] = backend.dialect
-            attrs.update(server_address(backend.base_url))
-        for key, value in (
-            ("http.response.status_code", attempt.http_status),
-            ("gateway.cost_basis", attempt.cost_basis),
-            ("gateway.resumed", attempt.resumed),
-        ):
-            if value is not None:
-                attrs[key] = value
-        if attempt.status != "ok":
-            attrs["error.type"] = attempt.status
-        attrs.update(extra or {})
-        block = text_field(5, name or f"{operation} {model}") + b"\x30" + varint(KIND_CLIENT)
-        block += attributes(9, attrs)
-        return block + SAMPLED_FLAGS
-
-    fixed = _cached(
-        (
-            "attempt",
-            attempt.backend,
-            None if backend is None else (backend.model, backend.dialect, backend.base_url),
-            operation,
-            attempt.status,
-            attempt.http_status,
-            attempt.cost_basis,
-            attempt.resumed,
-            name,
-            None if extra is None else tuple(extra.items()),
-        ),
-        attempt_block,
-    )
-    out = [span_ids(trace_id, span_id, parent), span_times(ns(attempt.started_at), ns(end)), fixed]
-    if error is not None:  # its message is free text (an upstream's words): written, never cached
-        out.append(error_status(error))
-    if attempt.ttft_s is not None:
-        out.append(kv_double(9, "gen_ai.response.time_to_first_chunk", attempt.ttft_s))
-    if attempt.first_answer_s is not None:
-        out.append(kv_double(9, "gateway.first_answer_s", attempt.first_answer_s))
-    if attempt.cost_usd is not None:
-        out.append(kv_double(9, "gateway.cost_usd", attempt.cost_usd))
-    out.append(_usage((attempt,)))
+    """One attempt's client span; ``usage``: its usage block when already written (a request's only
+    attempt has the server span's)."""
+    start_ns, end_ns = _ns(attempt[10], offset), _ns(attempt[11], offset)
+    key = attempt[:9]
+    out = [
+        _ids(trace_id, span_id, parent),
+        _times(0x39, start_ns, 0x41, end_ns if end_ns > start_ns else start_ns),
+        _fixed.get(key) or _cached(key, lambda: _attempt_block(attempt)),
+    ]
+    status, error, ttft, first_answer, cost = attempt[5], attempt[12], attempt[13], attempt[14], attempt[15]
+    if status != "ok":  # its message is free text (an upstream's words): written, never cached
+        out.append(error_status(error or status))
+    if ttft is not None:
+        out.append(_TTFT + _double(ttft))
+    if first_answer is not None:
+        out.append(_FIRST_ANSWER + _double(first_answer))
+    if cost is not None:
+        out.append(_COST + _double(cost))
+    if usage is None and attempt[16] is not None:
+        usage = _usage(attempt[16])
+    if usage:
+        out.append(usage)
     return b"".join(out)
 
 
-def decision_events(decision: Decision, time_ns: int) -> bytes:
+def _attempt_block(attempt: AttemptRecord) -> bytes:
+    operation, backend, model, dialect, base_url, status, http_status, cost_basis, resumed = attempt[:9]
+    model = model if model is not None else backend
+    attrs: dict[str, AttributeValue] = {
+        "gen_ai.operation.name": operation,
+        "gen_ai.request.model": model,
+        "gateway.backend": backend,
+        "gateway.attempt.status": status,
+    }
+    if dialect is not None and base_url is not None:
+        attrs["gen_ai.provider.name"] = PROVIDERS.get(dialect, dialect)
+        attrs["gateway.dialect"] = dialect
+        attrs.update(server_address(base_url))
+    for name, value in (
+        ("http.response.status_code", http_status),
+        ("gateway.cost_basis", cost_basis),
+        ("gateway.resumed", resumed),
+    ):
+        if value is not None:
+            attrs[name] = value
+    if status != "ok":
+        attrs["error.type"] = status
+    block = text_field(5, f"{operation} {model}") + b"\x30" + varint(KIND_CLIENT) + attributes(9, attrs)
+    return block + SAMPLED_FLAGS
+
+
+def _decision_events(decision: DecisionRecord, time_ns: int) -> bytes:
     """The decision (its order and reason) and one event per candidate it weighed: predicted TTFT p95,
     expected $ and the cached prompt tokens it counted on, or why it was left out. Event 11 {time 1,
     name 2, attributes 3}."""
-    when = b"\x09" + fixed64(time_ns)
-    head = _cached(
-        ("decision", decision.reason, decision.order),
-        lambda: (
-            text_field(2, "gateway.decision")
-            + attributes(
-                3,
-                {"gateway.decision.reason": decision.reason, "gateway.decision.order": list(decision.order)},
-            )
-        ),
-    )
-    out = [
-        len_field(
-            11,
-            when
-            + head
-            + kv_double(3, "gateway.decision.expected_cost_usd", decision.expected_cost_usd or 0.0),
-        )
-    ]
-    for candidate in decision.evals:
-        key = ("candidate", candidate.backend, candidate.eligible, candidate.feasible, candidate.blocked_by)
-        head = _fixed.get(key) or _candidate_head(key)
-        body = [
-            when,
-            head,
-            kv_int(
-                3,
-                "gateway.candidate.expected_cached_tokens",
-                decision.cached_tokens.get(candidate.backend, 0),
-            ),
-        ]
-        if candidate.ttft_p95_s is not None:
-            body.append(kv_double(3, "gateway.candidate.predicted_ttft_p95_s", candidate.ttft_p95_s))
-        if candidate.expected_cost_usd is not None:
-            body.append(kv_double(3, "gateway.candidate.expected_cost_usd", candidate.expected_cost_usd))
+    reason, order, expected_cost, candidates = decision
+    when = b"\x09" + _fixed64(time_ns)
+    key = decision[:2]
+    head = _fixed.get(key) or _cached(key, lambda: _decision_head(reason, order))
+    out = [len_field(11, when + head + _DECISION_COST + _double(expected_cost))]
+    for candidate in candidates:
+        flags = candidate[:4]
+        body = [when, _fixed.get(flags) or _cached(flags, functools.partial(_candidate_head, flags))]
+        body.append(_int(_CANDIDATE_CACHED, candidate[4]))
+        ttft, cost = candidate[5], candidate[6]
+        if ttft is not None:
+            body.append(_CANDIDATE_TTFT + _double(ttft))
+        if cost is not None:
+            body.append(_CANDIDATE_COST + _double(cost))
         out.append(len_field(11, b"".join(body)))
     return b"".join(out)
 
 
-def _candidate_head(key: tuple[object, ...]) -> bytes:
-    _, backend, eligible, feasible, blocked_by = key
-    return _cached(
-        key,
-        lambda: (
-            text_field(2, "gateway.candidate") + _candidate_flags(backend, eligible, feasible, blocked_by)
-        ),
-    )
+def _decision_head(reason: str, order: tuple[str, ...]) -> bytes:
+    attrs: dict[str, AttributeValue] = {
+        "gateway.decision.reason": reason,
+        "gateway.decision.order": list(order),
+    }
+    return text_field(2, "gateway.decision") + attributes(3, attrs)
 
 
-def _candidate_flags(backend: object, eligible: object, feasible: object, blocked_by: object) -> bytes:
-    assert isinstance(backend, str) and isinstance(eligible, bool) and isinstance(feasible, bool)
+def _candidate_head(key: tuple[str, bool, bool, tuple[str, ...]]) -> bytes:
+    backend, eligible, feasible, blocked_by = key
     attrs: dict[str, AttributeValue] = {
         "gateway.backend": backend,
         "gateway.candidate.eligible": eligible,
         "gateway.candidate.feasible": feasible,
     }
     if blocked_by:
-        assert isinstance(blocked_by, tuple)
-        attrs["gateway.candidate.blocked_by"] = [str(b) for b in blocked_by]
-    return attributes(3, attrs)
+        attrs["gateway.candidate.blocked_by"] = list(blocked_by)
+    return text_field(2, "gateway.candidate") + attributes(3, attrs)

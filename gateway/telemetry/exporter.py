@@ -10,8 +10,8 @@ import logging
 import threading
 import time
 from collections import deque
-from collections.abc import Mapping
-from typing import Protocol
+from collections.abc import Callable, Mapping
+from typing import Generic, TypeVar
 from urllib.parse import urlsplit
 
 from gateway.telemetry.otlp import envelope, export_body
@@ -24,19 +24,24 @@ WARN_EVERY_S = 60.0
 CLOSE_WAIT_S = 5.0
 
 
-class Pending(Protocol):
-    """A settled request (or probe) whose spans are written only in the exporter's thread: each as an
-    OTLP ``Span`` message."""
-
-    def span_count(self) -> int: ...
-
-    def span_messages(self) -> list[bytes]: ...
+# A settled request (or probe) whose spans are written only in the exporter's thread.
+Pending = TypeVar("Pending")
 
 
-class SpanExporter:
-    def __init__(self, settings: TelemetrySettings, resource: Mapping[str, AttributeValue]) -> None:
+class SpanExporter(Generic[Pending]):
+    """``write``: a pending item's OTLP ``Span`` messages (called in the exporter's thread);
+    ``count``: how many spans it stands for (called where one is dropped)."""
+
+    def __init__(
+        self,
+        settings: TelemetrySettings,
+        resource: Mapping[str, AttributeValue],
+        write: Callable[[Pending], list[bytes]],
+        count: Callable[[Pending], int],
+    ) -> None:
         self._settings = settings
         self._envelope = envelope(resource, SCOPE)
+        self._write, self._count = write, count
         self._queue: deque[Pending] = deque()
         self._max, self._batch = settings.max_queued_traces, settings.batch_traces
         self._wake, self._stopping = threading.Event(), threading.Event()
@@ -57,7 +62,7 @@ class SpanExporter:
         """On the request path: one append, or a drop counted when the queue is full."""
         queue = self._queue
         if len(queue) >= self._max:
-            self.dropped_spans["queue_full"] += pending.span_count()
+            self.dropped_spans["queue_full"] += self._count(pending)
             return
         queue.append(pending)
         if len(queue) == self._batch:
@@ -91,12 +96,13 @@ class SpanExporter:
             while queue and len(batch) < self._batch:
                 batch.append(queue.popleft())
             spans: list[bytes] = []
+            write = self._write
             for pending in batch:
                 try:
-                    spans += pending.span_messages()
+                    spans += write(pending)
                 except Exception:  # a bug in writing one request's spans must not stop the exporter
                     log.exception("could not write a trace's spans")
-                    self.dropped_spans["export_failed"] += pending.span_count()
+                    self.dropped_spans["export_failed"] += self._count(pending)
             if spans:
                 self._post(export_body(self._envelope, spans), len(spans))
 

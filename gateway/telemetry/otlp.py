@@ -44,7 +44,11 @@ def _key(field: int, wire_type: int) -> bytes:
 
 def _len(field: int, payload: bytes) -> bytes:
     size = len(payload)
-    return _LEN_TAGS[field] + (_SMALL[size] if size < 0x80 else _varint(size)) + payload
+    if size < 0x80:
+        return _LEN_TAGS[field] + _SMALL[size] + payload
+    if size < 0x4000:  # a span, an event: two bytes
+        return _LEN_TAGS[field] + bytes((size & 0x7F | 0x80, size >> 7)) + payload
+    return _LEN_TAGS[field] + _varint(size) + payload
 
 
 _LEN_TAGS = [_key(field, 2) for field in range(16)]

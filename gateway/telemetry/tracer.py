@@ -1,32 +1,32 @@
 """The tracer the runtime holds when tracing is on, and the ``RequestTrace`` each request carries.
 
 On the request path it does three small things: reads the client's traceparent and samples at arrival
-(``begin``), hands each attempt's call its traceparent (``upstream``, for backends that take one) and
-queues the settled request (``finish``). Spans are written later, in the exporter's thread (``encode``)."""
+(``begin``), gives each attempt's call its traceparent (``headers``, for backends that take one) and
+queues the settled request's record (``finish``, ``record``). Spans are written later, in the exporter's
+thread (``encode``)."""
 
 from __future__ import annotations
 
 import os
 import socket
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-import orjson
-
-from gateway.backends.base import UpstreamCall
 from gateway.telemetry.collector import TraceExportCollector
 from gateway.telemetry.context import ParentContext, new_span_id, new_trace_id, parse_traceparent, traceparent
-from gateway.telemetry.encode import attempt_span_message, request_span_messages
+from gateway.telemetry.encode import request_messages
 from gateway.telemetry.exporter import SpanExporter
+from gateway.telemetry.otlp import span_bytes
+from gateway.telemetry.record import NO_SPAN_IDS, RequestRecord, StreamedAnswer, request_record
 from gateway.telemetry.settings import TelemetrySettings, telemetry_settings
-from gateway.telemetry.spans import TraceIds
+from gateway.telemetry.spans import attempt_span
 from gateway.values.observation import Attempt, Observation
 from gateway.version import gateway_version
 
 if TYPE_CHECKING:
     from prometheus_client import CollectorRegistry
 
-    from gateway.policy.compiled import CompiledBackend, CompiledPolicy
+    from gateway.policy.compiled import CompiledBackend, CompiledPolicy, CompiledRoute
     from gateway.policy.decide import Decision
     from gateway.policy.telemetry import Telemetry
 
@@ -39,8 +39,10 @@ class Tracer:
         self, settings: TelemetrySettings, clock: Callable[[], float], wall_clock: Callable[[], float]
     ) -> None:
         self.settings = settings
+        self.content = settings.content
         self._clock, self._wall_clock = clock, wall_clock
         self._sampler = settings.sampler
+        self._keeps_every_new_trace = settings.sampler.ratio >= 1.0
         resource = {
             "service.name": settings.service_name,
             "service.version": gateway_version(),
@@ -48,36 +50,25 @@ class Tracer:
             "telemetry.sdk.name": "llm-gateway",
             "telemetry.sdk.language": "python",
         }
-        self.exporter = SpanExporter(settings, resource)
+        self.exporter: SpanExporter[RequestRecord | PendingProbe] = SpanExporter(
+            settings, resource, span_messages, span_count
+        )
 
     def begin(self, traceparent_header: str | None, tracestate_header: str | None) -> RequestTrace | None:
         """At arrival: the request's trace (the client's continued, else a new one), or None when it
         is not sampled and there is no client context to pass on."""
+        if traceparent_header is None and self._keeps_every_new_trace:  # the usual request: no sampling
+            offset = self._wall_clock() - self._clock()
+            return RequestTrace(self, (new_trace_id(), new_span_id(), b"", "", offset), None)
         parent = parse_traceparent(traceparent_header, tracestate_header)
         trace_id = new_trace_id() if parent is None else parent.trace_id
         if not self._sampler.keeps(trace_id, parent):
             return None if parent is None else RequestTrace(self, None, parent)
-        ids = TraceIds(
-            trace_id,
-            new_span_id(),
-            b"" if parent is None else parent.span_id,
-            "" if parent is None else parent.trace_state,
-            self._wall_clock() - self._clock(),
-        )
-        return RequestTrace(self, ids, parent)
-
-    def finished(
-        self,
-        ids: TraceIds,
-        observation: Observation,
-        decision: Decision | None,
-        payload: dict[str, Any] | None,
-        policy: CompiledPolicy,
-    ) -> None:
-        route = policy.routes.get(observation.route)
-        content = self.settings.content and route is not None and not route.private
-        self.exporter.put(
-            PendingRequest(ids, observation, decision, policy.backends, payload if content else None)
+        offset = self._wall_clock() - self._clock()
+        if parent is None:
+            return RequestTrace(self, (trace_id, new_span_id(), b"", "", offset), None)
+        return RequestTrace(
+            self, (trace_id, new_span_id(), parent.span_id, parent.trace_state, offset), parent
         )
 
     def probe(self, observation: Observation, backend: CompiledBackend) -> None:
@@ -92,37 +83,53 @@ class Tracer:
 
 
 class RequestTrace:
-    """One request's trace context: ``ids`` when it is sampled (its spans will be exported), else only
-    the client's context, passed on to the engines unchanged."""
+    """One request's trace context: ``ids`` when it is sampled (its spans will be exported: trace id,
+    server span id, the client's span id or b"", tracestate, wall clock minus the gateway's clock at
+    arrival), else only the client's context, passed on to the engines unchanged."""
 
-    __slots__ = ("_tracer", "ids", "parent")
+    __slots__ = ("_tracer", "answer", "ids", "parent", "queued", "span_ids")
 
-    def __init__(self, tracer: Tracer, ids: TraceIds | None, parent: ParentContext | None) -> None:
+    def __init__(
+        self, tracer: Tracer, ids: tuple[bytes, bytes, bytes, str, float] | None, parent: ParentContext | None
+    ) -> None:
         self._tracer, self.ids, self.parent = tracer, ids, parent
+        self.span_ids: dict[int, bytes] | None = None  # each attempt's span id, when sent upstream
+        self.queued: list[tuple[float, float]] | None = None  # waits in the route's queue
+        # What the answer was, kept only where the trace may hold it (``keeps_content``): a whole
+        # answer's body, or the meter's transcript of a stream.
+        self.answer: bytes | StreamedAnswer | None = None
 
-    def upstream(self, call: UpstreamCall, attempt_index: int) -> UpstreamCall:
-        """The call with ``traceparent``/``tracestate`` headers for a backend that takes the trace
-        context (``trace_context``: the self-hosted engines by default, never a paid API unless its
-        policy says so); the attempt's span id is the parent the engine's spans name."""
-        if not call.backend.trace_context:
-            return call
+    def keeps_content(self, route: CompiledRoute) -> bool:
+        """Whether this request's prompt and answer go into its spans (``telemetry.content``, never on
+        a private route)."""
+        return self.ids is not None and self._tracer.content and not route.private
+
+    def headers(self, backend: CompiledBackend, attempt_index: int) -> bytes:
+        """The ``traceparent``/``tracestate`` header lines of an attempt's call (``UpstreamCall``) to a
+        backend that takes the trace context (``trace_context``: the self-hosted engines by default, never
+        a paid API unless its policy says so); the attempt's span id is the parent the engine's spans
+        name. b"": none."""
+        if not backend.trace_context:
+            return b""
         ids, parent = self.ids, self.parent
         if ids is not None:
-            span_id = ids.attempt_span_ids[attempt_index] = new_span_id()
-            header, state = traceparent(ids.trace_id, span_id, True), ids.trace_state
+            span_id = new_span_id()
+            if self.span_ids is None:
+                self.span_ids = {}
+            self.span_ids[attempt_index] = span_id
+            header, state = traceparent(ids[0], span_id, True), ids[3]
         else:
             assert parent is not None
             header, state = traceparent(parent.trace_id, parent.span_id, parent.sampled), parent.trace_state
         lines = f"traceparent: {header}\r\n" + (f"tracestate: {state}\r\n" if state else "")
-        # Built field by field: dataclasses.replace was a quarter of tracing's request-path cost.
-        return UpstreamCall(
-            call.backend, call.path, call.body, call.stream, call.wait_s, lines.encode("latin-1")
-        )
+        return lines.encode("latin-1")
 
     def waited(self, began: float, ended: float) -> None:
         """A wait in the route's queue, in the gateway's clock."""
         if self.ids is not None and ended > began:
-            self.ids.queued.append((began, ended))
+            if self.queued is None:
+                self.queued = []
+            self.queued.append((began, ended))
 
     def finish(
         self,
@@ -131,47 +138,41 @@ class RequestTrace:
         payload: dict[str, Any] | None,
         policy: CompiledPolicy,
     ) -> None:
-        if self.ids is not None and observation is not None:
-            self._tracer.finished(self.ids, observation, decision, payload, policy)
-
-
-class PendingRequest:
-    __slots__ = ("backends", "decision", "ids", "observation", "payload")
-
-    def __init__(
-        self,
-        ids: TraceIds,
-        observation: Observation,
-        decision: Decision | None,
-        backends: Mapping[str, CompiledBackend],
-        payload: dict[str, Any] | None,
-    ) -> None:
-        self.ids, self.observation, self.decision = ids, observation, decision
-        self.backends, self.payload = backends, payload
-
-    def span_count(self) -> int:
-        return 1 + len(self.observation.attempts) + len(self.ids.queued)
-
-    def span_messages(self) -> list[bytes]:
-        messages = None
-        if self.payload is not None:
-            prompt = next((self.payload[f] for f in PROMPT_FIELDS if f in self.payload), None)
-            messages = None if prompt is None else orjson.dumps(prompt).decode()
-        return request_span_messages(self.ids, self.observation, self.decision, self.backends, messages)
+        """The settled request's record, queued for the exporter (``record``: why a record)."""
+        ids = self.ids
+        if ids is None or observation is None:
+            return
+        route = policy.routes.get(observation.route)
+        prompt = answer = None
+        if route is not None and self.keeps_content(route):
+            if payload is not None:
+                prompt = next((payload[f] for f in PROMPT_FIELDS if f in payload), None)
+            answer = self.answer
+        record = request_record(
+            ids,
+            self.span_ids or NO_SPAN_IDS,
+            self.queued or (),
+            observation,
+            decision,
+            policy.backends,
+            prompt,
+            answer,
+        )
+        self._tracer.exporter.put(record)
 
 
 class PendingProbe:
+    """A probe's attempt, written as its own trace's one span (probes are few: the readable span model,
+    ``spans``, writes it)."""
+
     __slots__ = ("attempt", "backend", "wall_offset_s")
 
     def __init__(self, attempt: Attempt, backend: CompiledBackend, wall_offset_s: float) -> None:
         self.attempt, self.backend, self.wall_offset_s = attempt, backend, wall_offset_s
 
-    def span_count(self) -> int:
-        return 1
-
     def span_messages(self) -> list[bytes]:
         offset = self.wall_offset_s
-        message = attempt_span_message(
+        span = attempt_span(
             new_trace_id(),
             new_span_id(),
             b"",
@@ -179,13 +180,19 @@ class PendingProbe:
             self.backend,
             "chat",
             lambda clock_s: int((clock_s + offset) * 1e9),
-            PROBE_ATTRIBUTES,
-            f"probe {self.backend.name}",
         )
-        return [message]
+        span.name = f"probe {self.backend.name}"
+        span.attributes["gateway.probe"] = True
+        return [span_bytes(span)]
 
 
-PROBE_ATTRIBUTES = {"gateway.probe": True}
+def span_messages(pending: RequestRecord | PendingProbe) -> list[bytes]:
+    """In the exporter's thread: the spans of a settled request or a probe, as OTLP ``Span`` messages."""
+    return request_messages(pending) if isinstance(pending, tuple) else pending.span_messages()
+
+
+def span_count(pending: RequestRecord | PendingProbe) -> int:
+    return 1 + len(pending[22]) + len(pending[23]) if isinstance(pending, tuple) else 1
 
 
 def start_tracing(

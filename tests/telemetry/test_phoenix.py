@@ -2,7 +2,8 @@
 virtual environment: `bash tests/telemetry/setup_phoenix.sh`; until it has run these tests skip), started
 here on free ports with a working directory of its own. A streamed request that fell back once and a
 stream resumed on another backend are read back through Phoenix's REST API, and their spans' parentage,
-attributes, tokens and cost are checked against the ledger's row."""
+attributes, tokens and cost are checked against the ledger's row (and the resumed one's prompt and answer,
+``telemetry.content``, against what the client sent and read)."""
 
 from __future__ import annotations
 
@@ -20,7 +21,7 @@ from tests.conftest import PAID_KEY, TIME_SCALE, Gateway, Upstreams, running_gat
 from tests.servers import ThreadedServer, threaded_server
 from tests.spend.conftest import ledger_rows
 from tests.telemetry.phoenix import SETUP, phoenix_python, running_phoenix
-from tests.test_resume import policy, set_faults, sse_events
+from tests.test_resume import policy, set_faults, sse_events, stream_text
 
 pytestmark = pytest.mark.slow
 
@@ -57,7 +58,7 @@ def traced(
         httpx.delete(server.url + "/emulator/requests")
     monkeypatch.setenv("TEST_PAID_API_KEY", PAID_KEY)
     text = policy(upstreams.vllm.url, second_pool.url, upstreams.paid.url)
-    text += f"telemetry: {{otlp_endpoint: '{phoenix}', flush_interval_s: 0.1}}\n"
+    text += f"telemetry: {{otlp_endpoint: '{phoenix}', flush_interval_s: 0.1, content: true}}\n"
     text += "ledger: {flush_interval_s: 0.05}\n"
     path = tmp_path / "policy.yaml"
     path.write_text(text)
@@ -188,6 +189,12 @@ def test_a_resumed_stream(
     assert resumed["attributes"]["gateway.resumed"] == "continued"
     assert resumed["attributes"]["gateway.resumes_span_id"] == cut["context"]["span_id"]
     assert cut["end_time"] <= resumed["start_time"]
+    # The answer (telemetry.content): what the client read, both backends' parts of it as one message.
+    (said,) = orjson.loads(server["attributes"]["gen_ai.output.messages"])
+    read = stream_text(sse_events(response.text), "content")
+    assert "word0" in read and said["parts"] == [{"type": "text", "content": read}]
+    assert said["finish_reason"] in ("stop", "length")
+    assert orjson.loads(server["attributes"]["gen_ai.input.messages"]) == HELLO
     # Both engines saw the trace: each under its own attempt's span.
     for url, span in ((upstreams.vllm.url, cut), (second_pool.url, resumed)):
         (headers,) = [

@@ -1,8 +1,9 @@
 """The trace context from the client to the engine: a client's W3C traceparent is continued by the
 gateway's server span and sent on to a self-hosted engine (the vLLM-dialect emulator records every
 header it gets) under the attempt's own span; a paid API gets none unless its backend says
-``trace_context: true``. Prompts go into spans only with ``telemetry.content: true``, and never for a
-route marked ``private``. With no telemetry section nothing of this happens."""
+``trace_context: true``. Prompts and answers (streamed or whole) go into spans only with
+``telemetry.content: true``, and never for a route marked ``private``. With no telemetry section nothing
+of this happens."""
 
 from __future__ import annotations
 
@@ -192,29 +193,57 @@ def test_the_standard_environment_variables_turn_it_on(
     assert {s.resource["service.name"] for s in spans} == {"gateway-under-test"}
 
 
+def answer_text(response: httpx.Response, stream: bool) -> str:
+    """The answer the client read: a whole answer's content, or a stream's content deltas joined."""
+    if not stream:
+        return str(response.json()["choices"][0]["message"]["content"])
+    parts = []
+    for line in response.text.splitlines():
+        if line.startswith("data: {"):
+            for choice in json.loads(line[6:]).get("choices") or ():
+                parts.append((choice.get("delta") or {}).get("content") or "")
+    return "".join(parts)
+
+
 @pytest.mark.parametrize(
-    ("content", "private", "expected"),
-    [(False, False, False), (True, False, True), (True, True, False)],
+    ("content", "private", "stream", "expected"),
+    [
+        (False, False, True, False),
+        (True, False, True, True),
+        (True, False, False, True),
+        (True, True, True, False),
+        (True, True, False, False),
+    ],
 )
-def test_prompts_go_into_spans_only_when_asked_and_never_for_a_private_route(
+def test_prompts_and_answers_go_into_spans_only_when_asked_and_never_for_a_private_route(
     upstreams: Upstreams,
     tmp_path: Path,
     monkeypatch: pytest.MonkeyPatch,
     receiver: tuple[Receiver, ThreadedServer],
     content: bool,
     private: bool,
+    stream: bool,
     expected: bool,
 ) -> None:
     sink, server = receiver
     telemetry = telemetry_to(server, ", content: true" if content else "")
     with traced_gateway(upstreams, tmp_path, monkeypatch, telemetry, private_route=private) as gateway:
-        chat(gateway, "vllm-only", {"traceparent": CLIENT_TRACEPARENT})
+        set_faults(upstreams.vllm.url, reasoning_tokens=2, content_tokens=12)  # within max_tokens
+        answer = answer_text(chat(gateway, "vllm-only", {"traceparent": CLIENT_TRACEPARENT}, stream), stream)
+    assert len(answer) > 20, "the emulator answers in words"
     spans = trace_of(sink, CLIENT_TRACE, 2)
     everything = json.dumps([(s.attributes, s.events) for s in spans])
     assert ("a prompt only the client should see" in everything) is expected
+    assert (answer in everything) is expected
     (server_span,) = [s for s in spans if s.kind == KIND_SERVER]
     if expected:
         assert json.loads(server_span.attributes["gen_ai.input.messages"]) == HI
+        # The GenAI semantic conventions' output message: the answer the client read, and why it ended.
+        (said,) = json.loads(server_span.attributes["gen_ai.output.messages"])
+        assert said["role"] == "assistant" and said["parts"] == [{"type": "text", "content": answer}]
+        assert said["finish_reason"] in ("stop", "length")
+    else:
+        assert "gen_ai.output.messages" not in server_span.attributes
 
 
 def test_a_resumed_attempt_links_to_the_attempt_it_took_over(

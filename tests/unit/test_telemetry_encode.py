@@ -6,14 +6,17 @@ into another's."""
 from __future__ import annotations
 
 import dataclasses
+import threading
 from typing import Any
 
 from gateway.policy.decide import Decision
 from gateway.policy.evaluate import CandidateEval
 from gateway.policy.load import load_policy
 from gateway.policy.schema import Slo
-from gateway.telemetry.encode import request_span_messages
+from gateway.telemetry.content import output_messages
+from gateway.telemetry.encode import request_messages
 from gateway.telemetry.otlp import envelope, export_body, export_request
+from gateway.telemetry.record import RequestRecord, request_record
 from gateway.telemetry.spans import TraceIds, request_spans
 from gateway.values.observation import Attempt, Observation, Usage
 from tests.telemetry.receiver import ReadSpan, spans_of
@@ -93,6 +96,20 @@ def settled(seed: int) -> tuple[TraceIds, Observation, Decision]:
     return ids, observation, decision
 
 
+def record_of(
+    ids: TraceIds,
+    observation: Observation,
+    decision: Decision | None,
+    backends: Any,
+    prompt: object = None,
+    answer: bytes | None = None,
+) -> RequestRecord:
+    id_values = (ids.trace_id, ids.server_span_id, ids.parent_span_id, ids.trace_state, ids.wall_offset_s)
+    return request_record(
+        id_values, ids.attempt_span_ids, ids.queued, observation, decision, backends, prompt, answer
+    )
+
+
 def read(spans: list[ReadSpan]) -> list[dict[str, Any]]:
     out = []
     for span in spans:
@@ -107,16 +124,21 @@ def test_the_writer_says_what_the_span_model_says() -> None:
     backends = load_policy(POLICY).backends
     for seed in (1, 2, 3, 1):  # the same shapes again: the cached blocks in play
         ids, observation, decision = settled(seed)
-        written = request_span_messages(ids, observation, decision, backends, '[{"role":"user"}]', '["hi"]')
+        answer = b'{"choices": [{"message": {"content": "hi"}, "finish_reason": "length"}]}'
+        record = record_of(ids, observation, decision, backends, [{"role": "user"}], answer)
+        written = request_messages(record)
         ours = read(spans_of(export_body(envelope(RESOURCE, SCOPE), written)))
-        model = request_spans(ids, observation, decision, backends, '[{"role":"user"}]', '["hi"]')
+        said = output_messages(answer, "chat", ok=False)
+        model = request_spans(ids, observation, decision, backends, '[{"role":"user"}]', said)
         assert ours == read(spans_of(export_request(RESOURCE, SCOPE, model)))
         server = ours[0]["attributes"]
         assert (
             server["gateway.request_id"] == f"request-{seed}"
             and server["gen_ai.request.max_tokens"] == 64 + seed
         )
-        assert server["gen_ai.output.messages"] == '["hi"]'
+        assert server["gen_ai.output.messages"] == (
+            '[{"role":"assistant","parts":[{"type":"text","content":"hi"}],"finish_reason":"length"}]'
+        )
         assert ours[2]["attributes"]["gateway.cost_usd"] == 0.001 * seed
 
 
@@ -128,8 +150,33 @@ def test_a_request_without_decision_usage_or_content() -> None:
     ids = TraceIds(bytes(15) + b"\x09", bytes(7) + b"\x05", b"", "", 0.0)
     ids.attempt_span_ids[0] = bytes(7) + b"\x06"
     written = spans_of(
-        export_body(envelope(RESOURCE, SCOPE), request_span_messages(ids, bare, None, backends, None))
+        export_body(envelope(RESOURCE, SCOPE), request_messages(record_of(ids, bare, None, backends)))
     )
     model = spans_of(export_request(RESOURCE, SCOPE, request_spans(ids, bare, None, backends, None)))
     assert read(written) == read(model)
     assert "gen_ai.input.messages" not in written[0].attributes and written[0].parent_span_id == ""
+
+
+def test_a_record_holds_only_immutable_values_taken_when_the_request_settles() -> None:
+    """The exporter's thread reads records alone: nothing in one may be an object the request path still
+    holds (the decision's candidates, built lazily, are built by whoever takes the record)."""
+    backends = load_policy(POLICY).backends
+    ids, observation, eager = settled(2)
+    built_by: list[int] = []
+
+    def candidates() -> tuple[CandidateEval, ...]:
+        built_by.append(threading.get_ident())
+        return eager.evals
+
+    lazy = Decision(eager.order, eager.reason, candidates, eager.expected_cost_usd, eager.cached_tokens)
+    record = record_of(ids, observation, lazy, backends, [{"role": "user"}], b'{"choices": []}')
+    assert built_by == [threading.get_ident()]
+
+    def immutable(value: object) -> bool:
+        if isinstance(value, tuple):
+            return all(immutable(item) for item in value)
+        return value is None or isinstance(value, (str, bytes, int, float))
+
+    assert immutable(record)
+    observation.attempts[0].usage = Usage(1, 1)  # the request's objects change: the record does not
+    assert record == record_of(ids, settled(2)[1], eager, backends, [{"role": "user"}], b'{"choices": []}')

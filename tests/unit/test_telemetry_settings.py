@@ -91,8 +91,9 @@ def test_a_tracestate_that_is_not_printable_ascii_is_not_passed_on() -> None:
 
 
 def test_a_settled_request_as_spans_with_its_queue_and_a_resume_link() -> None:
-    from gateway.telemetry.encode import request_span_messages
+    from gateway.telemetry.encode import request_messages
     from gateway.telemetry.otlp import envelope, export_body
+    from gateway.telemetry.record import request_record
     from gateway.telemetry.spans import KIND_CLIENT, KIND_INTERNAL, KIND_SERVER, TraceIds
     from gateway.values.observation import Attempt, Observation, Usage
     from tests.telemetry.receiver import spans_of
@@ -103,7 +104,8 @@ def test_a_settled_request_as_spans_with_its_queue_and_a_resume_link() -> None:
     observation.queued_s = 0.75
     ids = TraceIds(bytes.fromhex(TRACE), bytes(7) + b"\x01", bytes.fromhex(SPAN), "", 1000.0)
     ids.queued.append((9.1, 9.85))
-    written = request_span_messages(ids, observation, None, {}, None)
+    id_values = (ids.trace_id, ids.server_span_id, ids.parent_span_id, ids.trace_state, ids.wall_offset_s)
+    written = request_messages(request_record(id_values, {}, ids.queued, observation, None, {}))
     spans = spans_of(export_body(envelope({"service.name": "t"}, ("s", "1")), written))
     server, queue, first, second = spans
     assert (server.kind, queue.kind, first.kind, second.kind) == (

@@ -1,0 +1,98 @@
+"""The answer in a trace (``telemetry.content: true``): a whole answer's body and a stream's meter as the
+GenAI conventions' ``gen_ai.output.messages``, bounded at ``MAX_ANSWER_CHARS`` characters; and a stream's
+meter keeps no more than that of an answer it keeps only for the trace."""
+
+from __future__ import annotations
+
+import json
+
+import orjson
+
+from gateway.measure.meter import StreamMeter
+from gateway.measure.transcript import Transcript
+from gateway.telemetry.content import KEPT_STREAM_CHARS, MAX_ANSWER_CHARS, output_messages
+from gateway.telemetry.record import request_record
+from gateway.values.observation import Attempt, Observation
+
+
+def chunk(**choice: object) -> bytes:
+    return b"data: " + orjson.dumps({"id": "c1", "choices": [{"index": 0, **choice}]}) + b"\n\n"
+
+
+def test_a_whole_chat_answer_with_a_tool_call() -> None:
+    body = orjson.dumps(
+        {
+            "choices": [
+                {
+                    "message": {
+                        "role": "assistant",
+                        "content": "Let me look.",
+                        "tool_calls": [
+                            {"id": "t1", "function": {"name": "search", "arguments": '{"q": "x"}'}}
+                        ],
+                    },
+                    "finish_reason": "tool_calls",
+                }
+            ]
+        }
+    )
+    said = json.loads(output_messages(body, "chat", ok=True) or "")
+    assert said == [
+        {
+            "role": "assistant",
+            "parts": [
+                {"type": "text", "content": "Let me look."},
+                {"type": "tool_call", "id": "t1", "name": "search", "arguments": '{"q": "x"}'},
+            ],
+            "finish_reason": "tool_calls",
+        }
+    ]
+
+
+def test_a_completion_and_what_holds_no_message() -> None:
+    body = b'{"choices": [{"text": "once upon", "finish_reason": "length"}]}'
+    (said,) = json.loads(output_messages(body, "text_completion", ok=True) or "")
+    assert said["parts"] == [{"type": "text", "content": "once upon"}] and said["finish_reason"] == "length"
+    assert output_messages(b'{"data": [{"embedding": [0.1]}]}', "embeddings", ok=True) is None
+    assert output_messages(b"not json", "chat", ok=True) is None
+    # A stream cut before its last chunk said why it ended: the schema wants a reason all the same.
+    (cut,) = json.loads(output_messages(("half an ans", None), "chat", ok=False) or "")
+    assert cut["finish_reason"] == "error" and cut["parts"][0]["content"] == "half an ans"
+
+
+def test_an_answer_is_cut_at_the_bound_and_says_so() -> None:
+    long = "x" * (MAX_ANSWER_CHARS + 500)
+    body = orjson.dumps({"choices": [{"message": {"content": long}, "finish_reason": "stop"}]})
+    for answer in (body, (long[:KEPT_STREAM_CHARS], "stop")):
+        (said,) = json.loads(output_messages(answer, "chat", ok=True) or "")
+        assert len(said["parts"][0]["content"]) == MAX_ANSWER_CHARS and said["gateway.truncated"] is True
+    (whole,) = json.loads(output_messages(("x" * MAX_ANSWER_CHARS, "stop"), "chat", ok=True) or "")
+    assert "gateway.truncated" not in whole
+
+
+def test_a_meter_keeps_a_bounded_answer_and_its_finish_reason_for_the_trace() -> None:
+    attempt = Attempt("b", 0.0)
+    kept = Transcript(resumes=False, keep_chars=10)
+    meter = StreamMeter(attempt, client_wants_usage=False, prompt_tokens=5, transcript=kept)
+    meter.feed(chunk(delta={"role": "assistant", "reasoning_content": "hmm"}), 0.1)
+    meter.feed(chunk(delta={"content": "Hello, "}) + chunk(delta={"content": "world, and more"}), 0.2)
+    meter.feed(chunk(delta={}, finish_reason="stop") + b"data: [DONE]\n\n", 0.3)
+    assert "".join(kept.answer) == "Hello, wor" and kept.reasoning == [] and kept.finish_reason == "stop"
+    assert meter.answer_chunks == 2 and meter.done
+    # /v1/completions streams say their text in ``text``
+    text = Transcript(resumes=False, keep_chars=100)
+    meter = StreamMeter(attempt, client_wants_usage=False, prompt_tokens=5, transcript=text)
+    meter.feed(chunk(text="once ") + chunk(text="upon", finish_reason="length"), 0.1)
+    assert "".join(text.answer) == "once upon" and text.finish_reason == "length"
+
+
+def test_a_stream_that_may_be_resumed_keeps_all_of_it_and_the_record_what_the_trace_holds() -> None:
+    resumable = Transcript()
+    resumable.answered("y" * (KEPT_STREAM_CHARS + 7), None)
+    resumable.finish_reason = "stop"
+    observation = Observation("r", "route", "chat", True, 1.0, finished_at=2.0)
+    record = request_record(
+        (bytes(16), bytes(8), b"", "", 0.0), {}, (), observation, None, {}, None, resumable
+    )
+    assert len(resumable.answer[0]) == KEPT_STREAM_CHARS + 7, "a resume needs the whole answer"
+    assert record[-1] == ("y" * KEPT_STREAM_CHARS, "stop")
