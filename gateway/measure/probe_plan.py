@@ -12,6 +12,7 @@ within the budget.
 
 from __future__ import annotations
 
+import math
 from collections import deque
 from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass
@@ -62,9 +63,15 @@ class ProbePlan:
         return not inflight and not (self._pending - self._down)
 
     def due(
-        self, policy: CompiledPolicy, view_of: ViewOf, now: float, inflight: Collection[str]
+        self,
+        policy: CompiledPolicy,
+        view_of: ViewOf,
+        now: float,
+        inflight: Collection[str],
+        bars: Mapping[str, RecoveryBar] | None = None,
     ) -> list[DueProbe]:
-        """The probes to send now; each is counted as sent."""
+        """The probes to send now; each is counted as sent. ``bars``: each backend's recovery bar on
+        the same views, when the caller has worked them out already."""
         if self.started_at is None:
             self.started_at = now
         settings = policy.tuning.probes
@@ -82,7 +89,9 @@ class ProbePlan:
                 self._pending.add(name)
             if name in inflight or view.paused_until is not None:
                 continue
-            bar = recovery_bar(name, policy.routes.values(), view.ttft_p95_s, view.decode_tokens_per_s)
+            bar = bars[name] if bars is not None else None
+            if bar is None:
+                bar = recovery_bar(name, policy.routes.values(), view.ttft_p95_s, view.decode_tokens_per_s)
             tokens = 1 if bar.decode_tokens_per_s is None else DECODE_PROBE_TOKENS
             if view.circuit == "open":
                 # Re-checked at the scrape interval, not on the circuit's growing cool-down: a probe
@@ -106,6 +115,37 @@ class ProbePlan:
                 self._sent_at[name] = now
                 chosen.append(DueProbe(backend, bar, tokens))
         return chosen
+
+    def quiet_until(
+        self, policy: CompiledPolicy, view_of: ViewOf, now: float, inflight: Collection[str]
+    ) -> float:
+        """Just after ``due``: the earliest time it may choose a probe if no backend's view changes
+        in between (``now`` when it may at once, e.g. one is due but not affordable yet). The
+        simulator looks again only then or when a view changed; the same rules as ``due``."""
+        if not policy.tuning.probes.enabled:
+            return math.inf
+        interval = policy.tuning.probes.interval_s
+        watched = self._watched_backends(policy)
+        until = math.inf
+        for name, backend in policy.backends.items():
+            view = view_of(name)
+            if not view.healthy or view.booting:
+                continue  # marked down by ``due``: a change of health changes the view
+            if name in self._down or name in self._pending:
+                return now
+            if name in inflight or view.paused_until is not None:
+                continue  # a probe's end or the pause's end changes the view
+            if view.circuit == "open":
+                last = view.last_probe_at
+                until = min(until, now if last is None else last + backend.signals.interval_s)
+            elif view.accepts_requests and name in watched and not view.inflight:
+                # Not probed lately and no user's sample lately (the last request's end changes the view).
+                sent, last_user = self._sent_at.get(name), view.last_user_sample_at
+                latest = max(
+                    -math.inf if sent is None else sent, -math.inf if last_user is None else last_user
+                )
+                until = min(until, latest + interval)
+        return until
 
     def _watched_backends(self, policy: CompiledPolicy) -> frozenset[str]:
         """The candidates of routes with an SLO (asked every look: worked out once per policy)."""

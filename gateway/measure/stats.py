@@ -192,6 +192,27 @@ class LiveStats:
         """``view``, its busy concurrency possibly ``refresh_s`` old (see BackendStats): the probe plan's."""
         return self._stats(backend).view_but_concurrency(self.clock())
 
+    def unchanged_view(self, backend: str) -> BackendView | None:
+        """The view ``view_but_concurrency`` would return as it is, without a rebuild; None when it
+        would build one (something changed, or time made it stale). Reads nothing, changes nothing."""
+        stats = self._stats(backend)
+        view = stats.cached_view
+        if view is not None and not stats.changed and self.clock() < stats.exact_until:
+            return view
+        return None
+
+    def cost_speeds(self, backend: str) -> tuple[float | None, float | None]:
+        """The view's aggregate and prefill speeds (what a finished attempt's cost reads), without
+        building a view: the same figures ``view`` would show now."""
+        stats = self._stats(backend)
+        now = self.clock()
+        view = stats.cached_view
+        if view is not None and not stats.changed and now < stats.next_check_at:
+            return view.aggregate_tokens_per_s, view.prefill_tokens_per_s
+        decode = stats.decode_tps.value
+        aggregate = None if decode is None else decode * stats.busy_concurrency(now)
+        return aggregate, stats.prefill_tps.value
+
     def ttft_p50_s(self, backend: str) -> float | None:
         """The view's ``ttft_p50_s`` without building a view (once per non-streamed answer)."""
         stats = self._stats(backend)

@@ -70,7 +70,10 @@ class BackendModel:
         self.timeline = timeline
         self.rng = rng
         self.sink = sink
-        self.running: set[Job] = set()  # seated: prefilling or decoding (both count for batching)
+        # Seated: prefilling or decoding (both count for batching). A dict, not a set: a set of jobs
+        # iterates in the order of their addresses, so a pool's death failed its streams (and their
+        # resumes went) in an order that changed from run to run.
+        self.running: dict[Job, None] = {}
         # The FIFO queue for a seat. A job cancelled while queued stays in it, marked, and is skipped
         # when it reaches the head (a removal from the middle would cost the queue's length).
         self._queue: deque[Job] = deque()
@@ -177,7 +180,7 @@ class BackendModel:
 
     def _occupy(self, job: Job) -> None:
         self._advance()
-        self.running.add(job)
+        self.running[job] = None
         job.state = "prefill"
         job.admitted_at = self.timeline.now
         if self.cache is not None and job.shape is not None:
@@ -228,7 +231,7 @@ class BackendModel:
         for job in done:
             job.state = "done"
             self.generated_tokens += job.output_tokens
-            self.running.discard(job)
+            self.running.pop(job, None)
         self._seat_waiting()
         self._reschedule()
         for job in done:
@@ -236,7 +239,7 @@ class BackendModel:
 
     def _leave(self, job: Job) -> None:
         self._advance()
-        self.running.discard(job)
+        self.running.pop(job, None)
         self._seat_waiting()
         self._reschedule()
 

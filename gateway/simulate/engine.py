@@ -18,7 +18,7 @@ from typing import Any, NamedTuple, Protocol, TypeVar
 
 from gateway.measure.stats import AttemptTicket, LiveStats
 from gateway.money.budgets import BudgetExhausted, Budgets, Reservation
-from gateway.money.costs import SECONDS_PER_HOUR, attempt_cost
+from gateway.money.costs import SECONDS_PER_HOUR
 from gateway.policy.compiled import CompiledPolicy, CompiledRoute
 from gateway.policy.decide import Decision, DecisionMemo, RequestFeatures, decide
 from gateway.simulate import resuming
@@ -290,8 +290,7 @@ class Simulation:
         if answered is not None:
             answered(flight.req, name, job.cached_tokens, now)  # routers that index prefixes
         backend = self.policy.backends[name]
-        view = self.stats.view(name)
-        cost = attempt_cost(backend, usage, view.aggregate_tokens_per_s, view.prefill_tokens_per_s)
+        cost = resuming.cost_now(self.stats, backend, usage)
         flight.observation.cost_usd = (flight.observation.cost_usd or 0.0) + cost.usd
         if backend.token_prices is not None:
             self.api_spend[name] = self.api_spend.get(name, 0.0) + cost.usd

@@ -7,10 +7,12 @@ the gateway records them (the ledger's ``probes`` table); a pool's cost nothing 
 
 from __future__ import annotations
 
+import math
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from gateway.measure.backend_stats import BackendView
 from gateway.measure.probe_plan import PROBE_PROMPT_TOKENS, DueProbe, ProbePlan
 from gateway.measure.recovery import RecoveryBar, recovery_bar
 from gateway.measure.stats import AttemptTicket, LiveStats
@@ -54,6 +56,11 @@ class SimProber:
         # recovery_bar is a function of (backend, p95, decode speed): each look reuses what it found.
         self._bars: dict[tuple[str, float | None, float | None], RecoveryBar] = {}
         self._bar_set: dict[str, RecoveryBar] = {}
+        # The views the last look read, and until when it would choose nothing on the same views
+        # (ProbePlan.quiet_until): a look in between on unchanged views is skipped, as it would do
+        # nothing. Most looks of a busy day are (a probe is for backends that traffic avoids).
+        self._looked: dict[str, BackendView] = {}
+        self._quiet_until = -math.inf
         self.sent: Counter[str] = Counter()  # probes sent, by backend
         self.spent_usd: dict[str, float] = {}  # what the paid APIs' probes cost, by backend
 
@@ -62,15 +69,24 @@ class SimProber:
         self._timeline.schedule(0.0, self._tick)
 
     def _tick(self) -> None:
+        now = self._timeline.now
+        # Skipped when every view is the one the last look read and nothing is due by time before
+        # ``_quiet_until``: the look would read what it read and do nothing (results are the same).
+        if not (now + 1e-9 < self._quiet_until and self._views_unchanged()):
+            self._look(now)
+        if self._running():
+            self._timeline.schedule(now + TICK_S, self._tick)
+
+    def _look(self, now: float) -> None:
         # The same look as the gateway's Prober (ProbePlan.bars, then ProbePlan.due), on views that
         # are exact in all the plan reads: a view is rebuilt for the drift of busy concurrency
         # alone only for decisions, which read it.
-        now = self._timeline.now
         view_of = self._stats.view_but_concurrency
         needed = self._policy.tuning.probes.recovery_probes
         routes = self._policy.routes.values()
+        looked = self._looked
         for name in self._policy.backends:
-            view = view_of(name)
+            view = looked[name] = view_of(name)
             key = (name, view.ttft_p95_s, view.decode_tokens_per_s)
             bar = self._bars.get(key)
             if bar is None:
@@ -80,10 +96,16 @@ class SimProber:
             if self._bar_set.get(name) is not bar:  # setting the same bar again changes nothing
                 self._bar_set[name] = bar
                 self._stats.set_recovery_bar(name, bar, needed)
-        for due in self._plan.due(self._policy, view_of, now, self._inflight):
+        for due in self._plan.due(self._policy, view_of, now, self._inflight, self._bar_set):
             self._send(due, now)
-        if self._running():
-            self._timeline.schedule(now + TICK_S, self._tick)
+        self._quiet_until = self._plan.quiet_until(self._policy, view_of, now, self._inflight)
+
+    def _views_unchanged(self) -> bool:
+        """Whether every backend's view is the one the last look read, with no rebuild (see
+        ``LiveStats.unchanged_view``): then the look would read what it read, and set what it set."""
+        unchanged = self._stats.unchanged_view
+        looked = self._looked
+        return all(unchanged(name) is view for name, view in looked.items())
 
     def _send(self, due: DueProbe, now: float) -> None:
         name = due.backend.name

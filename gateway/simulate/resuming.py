@@ -13,8 +13,8 @@ from __future__ import annotations
 from typing import Any, Protocol
 
 from gateway.measure.stats import LiveStats
-from gateway.money.costs import attempt_cost
-from gateway.policy.compiled import CompiledPolicy, CompiledRoute
+from gateway.money.costs import Cost, attempt_cost
+from gateway.policy.compiled import CompiledBackend, CompiledPolicy, CompiledRoute
 from gateway.simulate.backends import Job
 from gateway.simulate.timeline import Timeline
 from gateway.simulate.workload import SimRequest
@@ -46,6 +46,14 @@ class Simulation(Protocol):
 GIVEN_THE_THINKING = ("vllm", "llamacpp")
 
 
+def cost_now(stats: LiveStats, backend: CompiledBackend, usage: Usage) -> Cost:
+    """An attempt's cost as it ends: a pool's at its live speeds (read without building a view: a
+    rebuild per answer cost a tenth of a day's replay); a per-token price reads none."""
+    if backend.token_prices is not None:
+        return attempt_cost(backend, usage, None)
+    return attempt_cost(backend, usage, *stats.cost_speeds(backend.name))
+
+
 def charge_cut_attempt(sim: Simulation, flight: Flight, job: Job) -> None:
     """What the cut attempt generated before it broke off: its usage, and its cost on the bill."""
     attempt = flight.attempt
@@ -60,8 +68,7 @@ def charge_cut_attempt(sim: Simulation, flight: Flight, job: Job) -> None:
     attempt.token_chunks = generated
     name = attempt.backend
     backend = sim.policy.backends[name]
-    view = sim.stats.view(name)
-    cost = attempt_cost(backend, usage, view.aggregate_tokens_per_s, view.prefill_tokens_per_s)
+    cost = cost_now(sim.stats, backend, usage)
     flight.observation.cost_usd = (flight.observation.cost_usd or 0.0) + cost.usd
     if backend.token_prices is not None:
         sim.api_spend[name] = sim.api_spend.get(name, 0.0) + cost.usd
