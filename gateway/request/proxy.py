@@ -122,7 +122,7 @@ async def answer(exchange: Exchange, request: Request, receive: Receive) -> Resp
     exchange.in_flight = runtime.in_flight.enter(server.max_in_flight)
     if not exchange.in_flight:
         raise Overloaded(server.max_in_flight, server.shed_retry_after_s)
-    exchange.watch_client(receive)
+    exchange.watch_client(request.scope, receive)
     client = exchange.client = parse(exchange, body)
     client.keys = keys_for(client, request.scope["headers"], policy, exchange.key, runtime.prefixes.carry)
     candidates = (policy.backends[name] for name in client.route.backends)
