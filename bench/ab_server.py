@@ -1,11 +1,12 @@
 """Two gateway checkouts side by side on one upstream: ``python -m bench.ab_server A_DIR B_DIR [--rounds N]``.
 
 Each checkout's gateway runs from its own directory with ``PYTHONPATH`` set to it (so each imports its
-own ``gateway`` package), pinned to core 0 like ``bench.run``'s; the upstream and this load generator
-share core 1. Rounds alternate which goes first, so other people's load on a shared machine falls on both
-alike. Each run reads: idle memory, added latency at c=1 (p50 over going direct, measured in the same
-round), added TTFT of streams started at 5 a second (open loop), and the gateway's own CPU per request at
-saturation (c=64), whole answers and streams. Prints the medians per checkout and B's ratio to A.
+own ``gateway`` package), both at once, pinned to core 0 like ``bench.run``'s; the upstream and this load
+generator share core 1. Each round measures one and then the other, the order alternating, so that other
+people's load on a shared machine falls on both alike. Idle memory is read once, at the start; each round
+reads the added latency at c=1 (p50 over going direct, measured in the same round), the added TTFT of
+streams started at 5 a second (open loop), and the gateway's own CPU per request at saturation (c=64),
+whole answers and streams. Prints the medians per checkout and B's ratio to A.
 """
 
 from __future__ import annotations
@@ -65,14 +66,11 @@ async def light_ttft(way: Way, seconds: float) -> float | None:
 
 
 async def one_run(way: Way, direct: dict[str, float | None], s: Settings, light_s: float) -> dict[str, Any]:
-    await asyncio.sleep(1.0)
-    idle_rss = way.proc.rss_bytes() / MB
     c1 = await at_c1(way, s, False)
     ttft = await light_ttft(way, light_s)
     whole = await saturation(way, s, False)
     streamed = await saturation(way, s, True)
     return {
-        "idle_rss_mb": idle_rss,
         "c1_p50_ms": c1["p50_ms"],
         "added_c1_p50_ms": c1["p50_ms"] - direct["c1_p50_ms"],  # type: ignore[operator]
         "light_ttft_p50_ms": ttft,
@@ -89,38 +87,48 @@ async def one_run(way: Way, direct: dict[str, float | None], s: Settings, light_
 
 
 async def compare(checkouts: dict[str, Path], rounds: int, quick: bool, out_dir: Path) -> dict[str, Any]:
+    """Both gateways run side by side on core 0 from the start; each round measures one, then the
+    other (the order alternating), so a noisy spell of the machine falls on both."""
     s = Settings.make(quick, None)
     light_s = 4.0 if quick else 8.0
     upstream_port = free_port()
     upstream = servers.start_upstream(upstream_port, out_dir)
     policy = servers.gateway_policy(upstream_port, out_dir)
     runs: dict[str, list[dict[str, Any]]] = {label: [] for label in checkouts}
+    idle_rss: dict[str, float] = {}
     loads: list[float] = []
+    ways: dict[str, Way] = {}
     try:
         direct_way = Way("direct", upstream_port, upstream, "fast", "paced", servers.API_KEY)
         if await wait_ready(direct_way, 20.0) is None:
             raise SystemExit("the upstream did not start:\n" + upstream.log_tail())
+        for label, checkout in checkouts.items():
+            port = free_port()
+            proc = start_gateway(checkout, label, port, policy, out_dir)
+            ways[label] = Way("ours", port, proc, "bench-fast", "bench-paced", servers.API_KEY, upstream)
+        for label, way in ways.items():
+            if await wait_ready(way, 120.0) is None:
+                raise SystemExit(f"gateway {label} did not start:\n" + way.proc.log_tail())
+        await asyncio.sleep(2.0)
+        idle_rss = {label: way.proc.rss_bytes() / MB for label, way in ways.items()}
         labels = list(checkouts)
         for round_no in range(rounds):
             c1 = await at_c1(direct_way, s, False)
             direct = {"c1_p50_ms": c1["p50_ms"], "light_ttft_p50_ms": await light_ttft(direct_way, light_s)}
             for label in labels if round_no % 2 == 0 else labels[::-1]:
-                port = free_port()
-                proc = start_gateway(checkouts[label], label, port, policy, out_dir)
-                try:
-                    way = Way("ours", port, proc, "bench-fast", "bench-paced", servers.API_KEY, upstream)
-                    if await wait_ready(way, 120.0) is None:
-                        raise SystemExit(f"gateway {label} did not start:\n" + proc.log_tail())
-                    run = await one_run(way, direct, s, light_s)
-                finally:
-                    proc.stop()
+                run = await one_run(ways[label], direct, s, light_s)
                 loads.append(os.getloadavg()[0])
                 runs[label].append(run)
                 print(f"round {round_no + 1} {label}: " + json.dumps({k: _round(v) for k, v in run.items()}))
     finally:
+        for way in ways.values():
+            way.proc.stop()
         upstream.stop()
     medians = {
-        label: {m: statistics.median(r[m] for r in rs if r[m] is not None) for m in METRICS}
+        label: {
+            "idle_rss_mb": idle_rss[label],
+            **{m: statistics.median(r[m] for r in rs if r[m] is not None) for m in METRICS[1:]},
+        }
         for label, rs in runs.items()
     }
     return {"rounds": rounds, "runs": runs, "medians": medians, "load_average": [min(loads), max(loads)]}
@@ -131,12 +139,20 @@ def _round(v: Any) -> Any:
 
 
 def summary(result: dict[str, Any]) -> str:
+    """Medians per checkout, their ratio, and the median of the rounds' own ratios (each round measured
+    both within seconds of each other: the steadier figure on a machine whose load keeps moving)."""
     a, b = result["medians"]
-    lines = [f"{'metric':26} {a:>12} {b:>12} {b + '/' + a:>12}"]
+    lines = [f"{'metric':26} {a:>10} {b:>10} {b + '/' + a:>12} {'paired':>8}"]
     for m in METRICS:
         va, vb = result["medians"][a][m], result["medians"][b][m]
         ratio = f"{vb / va:.3f}" if va else "-"
-        lines.append(f"{m:26} {va:12.3f} {vb:12.3f} {ratio:>12}")
+        pairs = [
+            rb[m] / ra[m]
+            for ra, rb in zip(result["runs"][a], result["runs"][b], strict=True)
+            if ra.get(m) and rb.get(m)
+        ]
+        paired = f"{statistics.median(pairs):.3f}" if pairs else "-"
+        lines.append(f"{m:26} {va:10.3f} {vb:10.3f} {ratio:>12} {paired:>8}")
     lo, hi = result["load_average"]
     lines.append(f"medians of {result['rounds']} alternated rounds; 1-min load average {lo:.1f}-{hi:.1f}")
     return "\n".join(lines)
@@ -144,13 +160,19 @@ def summary(result: dict[str, Any]) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.ab_server", description=__doc__)
-    parser.add_argument("a", type=Path, help="the first checkout (e.g. main's)")
-    parser.add_argument("b", type=Path, help="the second checkout (e.g. a branch's)")
+    parser.add_argument("a", type=Path, nargs="?", help="the first checkout (e.g. main's)")
+    parser.add_argument("b", type=Path, nargs="?", help="the second checkout (e.g. a branch's)")
     parser.add_argument("--labels", default="main,branch", help="names of the two, comma-separated")
     parser.add_argument("--rounds", type=int, default=4)
     parser.add_argument("--quick", action="store_true", help="short phases (3 s saturation)")
     parser.add_argument("--out", type=Path, default=OUT)
+    parser.add_argument("--summary", type=Path, help="print the summary of an earlier run's JSON and stop")
     args = parser.parse_args(argv)
+    if args.summary is not None:
+        print(summary(json.loads(args.summary.read_text())))
+        return 0
+    if args.a is None or args.b is None:
+        parser.error("name the two checkouts")
     label_a, label_b = args.labels.split(",")
     pin_self({1})
     args.out.mkdir(parents=True, exist_ok=True)
