@@ -75,10 +75,11 @@ CLIENT_WATCH = "gateway.client_watch"  # the scope extension that carries a requ
 
 
 class ClientWatch:
-    """Calls ``on_gone`` once the client's connection is lost before the request's response completed:
-    what a task awaiting ``receive()`` for ``http.disconnect`` would learn, without that task (one
-    task, an event and a cancellation less per request). The callback is dropped by ``cancel`` (the
-    request settled) or when the connection carries a later request."""
+    """A request's watch on its client's connection. ``watch`` calls ``on_gone`` once the connection is
+    lost before the request's response completed: what a task awaiting ``receive()`` for
+    ``http.disconnect`` would learn, without that task (one task, an event and a cancellation less per
+    request). The callback is dropped by ``cancel`` (the request settled) or when the connection carries
+    a later request. ``body_arrived``: the whole body is here already, so ``receive()`` cannot wait."""
 
     __slots__ = ("_protocol", "_scope")
 
@@ -94,11 +95,21 @@ class ClientWatch:
         if watching is not None and watching[0] is self._scope:
             self._protocol.client_watch = None
 
+    def body_arrived(self) -> bool:
+        cycle = self._protocol.cycle
+        return cycle is not None and cycle.scope is self._scope and not cycle.more_body
+
 
 def client_watch(scope: MutableMapping[str, Any]) -> ClientWatch | None:
     """The request's ClientWatch, where the server offers one (ours does; an in-process ASGI client not)."""
     extensions = scope.get("extensions")
     return None if extensions is None else extensions.get(CLIENT_WATCH)
+
+
+def body_arrived(scope: MutableMapping[str, Any]) -> bool:
+    """Whether the request's whole body is here already (False where the server cannot tell)."""
+    watch = client_watch(scope)
+    return watch is not None and watch.body_arrived()
 
 
 class HeadersTooLarge(Exception):

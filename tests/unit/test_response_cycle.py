@@ -14,7 +14,7 @@ import pytest
 import uvicorn
 from uvicorn.server import ServerState
 
-from gateway.request.connection import ConnectionLimits, GuardedHttpToolsProtocol, client_watch
+from gateway.request.connection import ConnectionLimits, GuardedHttpToolsProtocol, body_arrived, client_watch
 
 App = Callable[[dict[str, Any], Any, Any], Awaitable[None]]
 REQUEST = b"POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\ncontent-length: 2\r\n\r\n{}"
@@ -183,3 +183,26 @@ async def test_no_hang_up_is_told_after_the_answer_or_after_cancel() -> None:
     assert told == []
     released.set()
     await settle()
+
+
+async def test_a_body_that_came_with_its_headers_is_known_to_have_arrived() -> None:
+    seen: list[bool] = []
+    proceed = asyncio.Event()
+
+    async def app(scope: dict[str, Any], receive: Any, send: Any) -> None:
+        seen.append(body_arrived(scope))
+        await proceed.wait()
+        seen.append(body_arrived(scope))
+        await receive()
+
+    protocol, _ = await connected(app)
+    protocol.data_received(REQUEST)  # head and body in one piece
+    await settle()
+    protocol, _ = await connected(app)
+    protocol.data_received(REQUEST[:-1])  # the body's last byte still to come
+    await settle()
+    protocol.data_received(REQUEST[-1:])
+    proceed.set()
+    await settle()
+    assert seen == [True, False, True, True]
+    assert body_arrived({"type": "http"}) is False  # a server that cannot tell: the clock stays
