@@ -227,9 +227,7 @@ async def open_stream(exchange: Exchange, attempt: Attempt, call: UpstreamCall) 
     )
     first = await first_events(upstream, meter, call, exchange.runtime.clock)
     upstream.expect_chunks_within(call.backend.timeouts.idle_s)
-    if (
-        meter.final_usage
-    ):  # a short stream's usage chunk came in its first read: priced here, not by the relay
+    if meter.final_usage:  # a short stream's usage came in its first read: priced here, not by the relay
         meter.final_usage = False
         cost, basis = exchange.cost_so_far(attempt, meter.usage_so_far())
         first = insert_usage_cost(first, cost, basis)
