@@ -125,6 +125,7 @@ def serve(
         loop="uvloop",
         http=guarded_protocol(ConnectionLimits.of(holder.current.server)),  # httptools, with header limits
         access_log=False,  # one line per request costs more than the proxying; the ledger records requests
+        proxy_headers=False,  # nothing reads the client address: no X-Forwarded-For rewrite per request
         log_level=log_level,
         lifespan="on",
         timeout_graceful_shutdown=CONNECTIONS_WAIT_S,  # after the drain: a client that never reads
@@ -272,6 +273,7 @@ def _serve_workers(
             loop="uvloop",
             http="httptools" if limits is None else guarded_protocol(limits),
             access_log=False,
+            proxy_headers=False,
             log_level=log_level,
             lifespan="on",
             timeout_graceful_shutdown=CONNECTIONS_WAIT_S,

@@ -17,6 +17,7 @@ import pytest
 from gateway.app import create_app
 from gateway.emulator import create_emulator_app
 from gateway.policy.reload import PolicyHolder
+from gateway.request.connection import ConnectionLimits, guarded_protocol
 from gateway.runtime import Runtime
 from tests.postgres import scratch_database, url_of
 from tests.servers import ThreadedServer, threaded_server
@@ -140,7 +141,8 @@ def running_gateway(policy_path: Path, **runtime_options: Any) -> Iterator[Gatew
     runtime_options.setdefault("ledger_path", policy_path.parent / "ledger.sqlite3")
     holder = PolicyHolder(policy_path)
     app = create_app(lambda: Runtime(holder, **runtime_options))
-    with threaded_server(app) as server:
+    # On the connection protocol `gateway serve` runs (its limits, its response cycle, its ClientWatch).
+    with threaded_server(app, http=guarded_protocol(ConnectionLimits.of(holder.current.server))) as server:
         yield Gateway(server, policy_path)
 
 

@@ -44,10 +44,16 @@ class ThreadedServer:
     """Runs an ASGI app with uvicorn in a background thread with its own event loop."""
 
     def __init__(
-        self, app: Any, port: int | None = None, server_cls: type[uvicorn.Server] = uvicorn.Server
+        self,
+        app: Any,
+        port: int | None = None,
+        server_cls: type[uvicorn.Server] = uvicorn.Server,
+        http: Any = "auto",
     ) -> None:
         self.port = port or free_port()
-        config = uvicorn.Config(app, host="127.0.0.1", port=self.port, log_level="warning", lifespan="on")
+        config = uvicorn.Config(
+            app, host="127.0.0.1", port=self.port, log_level="warning", lifespan="on", http=http
+        )
         self.server = server_cls(config)
         self.thread = threading.Thread(target=self._run, daemon=True)
 
@@ -73,8 +79,9 @@ class ThreadedServer:
 
 
 @contextlib.contextmanager
-def threaded_server(app: Any, port: int | None = None) -> Iterator[ThreadedServer]:
-    server = ThreadedServer(app, port).start()
+def threaded_server(app: Any, port: int | None = None, http: Any = "auto") -> Iterator[ThreadedServer]:
+    """``http``: uvicorn's protocol, or a factory of one (the gateway's own: ``guarded_protocol``)."""
+    server = ThreadedServer(app, port, http=http).start()
     try:
         yield server
     finally:

@@ -69,9 +69,12 @@ class OpenAICompatUpstream:
         return AttemptFailure("dropped", f"{self._backend.name}: stream broke off")
 
     async def read(self, timeout_s: float) -> bytes:
+        response = self._response
         try:
+            if response.ended:  # the whole answer came with its head (a short one): no clock to wait on
+                return await response.read(self._limit)
             async with asyncio.timeout(timeout_s):
-                return await self._response.read(self._limit)
+                return await response.read(self._limit)
         except TimeoutError as exc:
             raise AttemptFailure("timeout", f"{self._backend.name}: response body timed out") from exc
         except WireError as exc:

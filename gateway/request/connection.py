@@ -11,14 +11,17 @@ from __future__ import annotations
 
 import asyncio
 import functools
-from collections.abc import MutableMapping
+import urllib.parse
+from collections.abc import Callable, MutableMapping
 from dataclasses import dataclass
 from typing import Any
 
+import httptools
 import orjson
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 from gateway.policy.schema import Server
+from gateway.request.response_cycle import GatewayCycle
 
 
 @dataclass(frozen=True, slots=True)
@@ -68,6 +71,47 @@ def direct_body(scope: MutableMapping[str, Any]) -> DirectBody | None:
     return None if extensions is None else extensions.get(DIRECT_BODY)
 
 
+CLIENT_WATCH = "gateway.client_watch"  # the scope extension that carries a request's ClientWatch
+
+
+class ClientWatch:
+    """A request's watch on its client's connection. ``watch`` calls ``on_gone`` once the connection is
+    lost before the request's response completed: what a task awaiting ``receive()`` for
+    ``http.disconnect`` would learn, without that task (one task, an event and a cancellation less per
+    request). The callback is dropped by ``cancel`` (the request settled) or when the connection carries
+    a later request. ``body_arrived``: the whole body is here already, so ``receive()`` cannot wait."""
+
+    __slots__ = ("_protocol", "_scope")
+
+    def __init__(self, protocol: GuardedHttpToolsProtocol, scope: MutableMapping[str, Any]) -> None:
+        self._protocol = protocol
+        self._scope = scope
+
+    def watch(self, on_gone: Callable[[], None]) -> None:
+        self._protocol.client_watch = (self._scope, on_gone)
+
+    def cancel(self) -> None:
+        watching = self._protocol.client_watch
+        if watching is not None and watching[0] is self._scope:
+            self._protocol.client_watch = None
+
+    def body_arrived(self) -> bool:
+        cycle = self._protocol.cycle
+        return cycle is not None and cycle.scope is self._scope and not cycle.more_body
+
+
+def client_watch(scope: MutableMapping[str, Any]) -> ClientWatch | None:
+    """The request's ClientWatch, where the server offers one (ours does; an in-process ASGI client not)."""
+    extensions = scope.get("extensions")
+    return None if extensions is None else extensions.get(CLIENT_WATCH)
+
+
+def body_arrived(scope: MutableMapping[str, Any]) -> bool:
+    """Whether the request's whole body is here already (False where the server cannot tell)."""
+    watch = client_watch(scope)
+    return watch is not None and watch.body_arrived()
+
+
 class HeadersTooLarge(Exception):
     """Raised inside the parser's callback: it stops parsing the rest of what arrived."""
 
@@ -83,6 +127,7 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
         self._header_deadline: asyncio.TimerHandle | None = None
         self._header_bytes = 0
         self._refused = False
+        self.client_watch: tuple[MutableMapping[str, Any], Callable[[], None]] | None = None
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
@@ -90,7 +135,11 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._disarm_header_deadline()
+        watching, self.client_watch = self.client_watch, None
+        cycle = self.cycle
         super().connection_lost(exc)
+        if watching is not None and cycle is not None and cycle.scope is watching[0] and cycle.disconnected:
+            watching[1]()  # uvicorn marks only an unfinished response's cycle disconnected
 
     def data_received(self, data: bytes) -> None:
         if not self._refused:  # after a refusal the connection is closing: nothing more is parsed
@@ -112,8 +161,44 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
     def on_headers_complete(self) -> None:
         self._disarm_header_deadline()
         scope: Any = self.scope
-        scope.setdefault("extensions", {})[DIRECT_BODY] = DirectBody(self, scope)
-        super().on_headers_complete()
+        extensions = scope.setdefault("extensions", {})
+        extensions[DIRECT_BODY] = DirectBody(self, scope)
+        extensions[CLIENT_WATCH] = ClientWatch(self, scope)
+        if self.limit_concurrency is not None or self.parser.should_upgrade():
+            super().on_headers_complete()  # uvicorn's own handling: an upgrade, its concurrency limit
+            return
+        # uvicorn 0.54's on_headers_complete for a plain request, with ``GatewayCycle`` for its response.
+        parser = self.parser
+        scope["method"] = parser.get_method().decode("ascii")
+        http_version = parser.get_http_version()
+        if http_version != "1.1":
+            scope["http_version"] = http_version
+        url = httptools.parse_url(self.url)
+        path = url.path.decode("ascii")
+        if "%" in path:
+            path = urllib.parse.unquote(path)
+        scope["path"] = self.root_path + path
+        scope["raw_path"] = self.root_path.encode("ascii") + url.path
+        scope["query_string"] = url.query or b""
+        previous = self.cycle
+        self.cycle = GatewayCycle(
+            scope=scope,
+            transport=self.transport,
+            flow=self.flow,
+            logger=self.logger,
+            access_logger=self.access_logger,
+            access_log=self.access_log,
+            default_headers=self.server_state.default_headers,
+            message_event=asyncio.Event(),
+            expect_100_continue=self.expect_100_continue,
+            keep_alive=http_version != "1.0" and parser.should_keep_alive(),
+            on_response=self.on_response_complete,
+        )
+        if previous is None or previous.response_complete:
+            self._start_asgi_task(self.cycle, self.app)
+        else:  # a pipelined request waits for the answer before it
+            self.flow.pause_reading()
+            self.pipeline.appendleft((self.cycle, self.app))
 
     def send_400_response(self, msg: str) -> None:
         # uvicorn answers any parser error with a 400; a refusal of ours has already been answered.

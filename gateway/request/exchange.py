@@ -18,6 +18,7 @@ from gateway.measure.prefix_index import NO_KEYS
 from gateway.measure.stats import AttemptTicket
 from gateway.policy.compiled import CompiledBackend, CompiledPolicy
 from gateway.policy.decide import Decision, RequestFeatures
+from gateway.request.connection import ClientWatch, client_watch
 from gateway.values.auth import ApiKey
 from gateway.values.observation import Attempt, Observation, Usage
 
@@ -32,6 +33,7 @@ Receive = Callable[[], Awaitable[MutableMapping[str, Any]]]
 
 class Exchange:
     __slots__ = (
+        "_client_watch",
         "_current",
         "_task",
         "_upstream",
@@ -80,27 +82,37 @@ class Exchange:
         self.trace: RequestTrace | None = None  # its OpenTelemetry trace, when tracing is on and sampled
         self._current: tuple[Attempt, AttemptTicket] | None = None
         self._upstream: Upstream | None = None  # the attempt in flight's open answer
-        self._watcher: asyncio.Task[None] | None = None
+        self._watcher: asyncio.Task[None] | None = None  # where the server offers no ClientWatch
+        self._client_watch: ClientWatch | None = None
         self._task: asyncio.Task[Any] | None = asyncio.current_task()
 
     # -- the client's connection -----------------------------------------------------------------
 
-    def watch_client(self, receive: Receive) -> None:
+    def watch_client(self, scope: MutableMapping[str, Any], receive: Receive) -> None:
         """From now on (the body has been read), a client that hangs up cancels this request's task,
         wherever it waits: for the first byte, for a whole answer, or between chunks. Its upstream
-        connection is then cut, which frees the backend's slot."""
+        connection is then cut, which frees the backend's slot. Told by the connection itself where the
+        server offers it (``request.connection.ClientWatch``), else by a task awaiting ``receive``."""
         self._task = asyncio.current_task()
-        self._watcher = asyncio.get_running_loop().create_task(self._watch(receive))
+        watch = client_watch(scope)
+        if watch is not None:
+            watch.watch(self._client_left)
+            self._client_watch = watch
+        else:
+            self._watcher = asyncio.get_running_loop().create_task(self._watch(receive))
 
     async def _watch(self, receive: Receive) -> None:
         while True:
             message = await receive()
             if message["type"] == "http.disconnect":
-                task = self._task
-                if not self.response_ended and not self.settled and task is not None and not task.done():
-                    self.client_gone = True
-                    task.cancel()
+                self._client_left()
                 return
+
+    def _client_left(self) -> None:
+        task = self._task
+        if not self.response_ended and not self.settled and task is not None and not task.done():
+            self.client_gone = True
+            task.cancel()
 
     def absorb_cancel(self) -> bool:
         """Whether a CancelledError in this request's task was the client leaving or the end of a graceful
@@ -226,6 +238,9 @@ class Exchange:
             self.runtime.in_flight.leave()
         if self._watcher is not None:
             self._watcher.cancel()
+        if self._client_watch is not None:
+            self._client_watch.cancel()
+            self._client_watch = None
         # The watcher's coroutine holds this exchange, and this exchange the watcher: without the cut,
         # every request would be a reference cycle left to the collector (tests/test_no_cycles.py).
         self._watcher = self._task = None

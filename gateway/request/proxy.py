@@ -35,6 +35,7 @@ from gateway.measure.meter import StreamMeter
 from gateway.money.costs import bounded_max_tokens
 from gateway.policy.compiled import CompiledBackend
 from gateway.request.cache_keys import keys_for, with_cache_salt
+from gateway.request.connection import body_arrived
 from gateway.request.exchange import Exchange
 from gateway.request.first_events import first_events
 from gateway.request.privacy import take_identity, user_hash, with_identity
@@ -117,12 +118,13 @@ async def answer(exchange: Exchange, request: Request, receive: Receive) -> Resp
     runtime, policy = exchange.runtime, exchange.policy
     exchange.key = runtime.authenticate(policy, request.headers)
     server = policy.server
-    body = await read_body(request.headers, receive, policy.max_body_bytes, server.body_timeout_s)
+    arrived = body_arrived(request.scope)
+    body = await read_body(request.headers, receive, policy.max_body_bytes, server.body_timeout_s, arrived)
     # The place is taken once the body is in: a body still trickling holds none.
     exchange.in_flight = runtime.in_flight.enter(server.max_in_flight)
     if not exchange.in_flight:
         raise Overloaded(server.max_in_flight, server.shed_retry_after_s)
-    exchange.watch_client(receive)
+    exchange.watch_client(request.scope, receive)
     client = exchange.client = parse(exchange, body)
     client.keys = keys_for(client, request.scope["headers"], policy, exchange.key, runtime.prefixes.carry)
     candidates = (policy.backends[name] for name in client.route.backends)
@@ -225,9 +227,7 @@ async def open_stream(exchange: Exchange, attempt: Attempt, call: UpstreamCall) 
     )
     first = await first_events(upstream, meter, call, exchange.runtime.clock)
     upstream.expect_chunks_within(call.backend.timeouts.idle_s)
-    if (
-        meter.final_usage
-    ):  # a short stream's usage chunk came in its first read: priced here, not by the relay
+    if meter.final_usage:  # a short stream's usage came in its first read: priced here, not by the relay
         meter.final_usage = False
         cost, basis = exchange.cost_so_far(attempt, meter.usage_so_far())
         first = insert_usage_cost(first, cost, basis)
@@ -272,17 +272,19 @@ async def complete_once(exchange: Exchange, attempt: Attempt, call: UpstreamCall
     return reply
 
 
-async def read_body(headers: Headers, receive: Receive, limit: int, timeout_s: float) -> bytes:
-    """The whole body, at most ``limit`` bytes, within ``timeout_s``: a client that trickles it (or
-    declares more than it sends) is answered 408 and its connection closed, instead of holding a place.
-    Read from the ASGI messages themselves (Starlette's ``Request.stream`` is an async generator more)."""
+async def read_body(
+    headers: Headers, receive: Receive, limit: int, timeout_s: float, arrived: bool = False
+) -> bytes:
+    """The whole body, at most ``limit`` bytes, within ``timeout_s`` (unless it ``arrived`` whole with its
+    headers): a client that trickles it (or declares more than it sends) is answered 408 and its connection
+    closed. Read from the ASGI messages themselves (Starlette's ``Request.stream`` is an async generator)."""
     declared = headers.get("content-length")
     if declared is not None and declared.isdigit() and int(declared) > limit:
         raise BodyTooLarge(f"request body is {int(declared)} bytes; the limit is {limit}")
     chunks: list[bytes] = []
     size = 0
     try:
-        async with asyncio.timeout(timeout_s):
+        async with asyncio.timeout(None if arrived else timeout_s):
             while True:
                 message = await receive()
                 if message["type"] == "http.disconnect":
