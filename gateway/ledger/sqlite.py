@@ -22,6 +22,40 @@ INSERT = (
 # Synthetic probes have a table of their own: spend reports over ``requests`` never see them.
 INSERT_PROBE = INSERT.replace("INSERT INTO requests", "INSERT INTO probes", 1)
 WRITE_BUSY_TIMEOUT_S = 2.0
+# The spend rollup (migration 7) of the requests rows past an id: what a batch just inserted (ignored
+# rows take no id), summed per grouping, hour and day in one statement, as PostgreSQL's statement-level
+# trigger does; migration 8 dropped SQLite's per-row trigger for it. A row's hour is computed as the
+# trigger did (the largest h with h * 3600 <= time). ``WHERE true`` keeps SQLite from reading the
+# upsert's ON as a join's.
+ROLLUP_SINCE = """
+INSERT INTO spend_rollup
+SELECT b.dimension, s.hours, b.hour / s.hours, coalesce(b.name, ''), b.name IS NULL,
+    coalesce(b.cost_basis, ''),
+    sum(b.request_count), sum((b.status <> 'ok') * b.request_count),
+    sum((b.status = 'refused') * b.request_count), sum(b.attempts > 1),
+    sum(b.prompt_tokens), sum(b.cached_prompt_tokens), sum(b.completion_tokens), sum(b.reasoning_tokens),
+    sum(b.cost_usd)
+FROM (
+    SELECT d.dimension, CASE d.dimension WHEN 'route' THEN r.route WHEN 'backend' THEN r.backend
+        WHEN 'key' THEN r.api_key_name WHEN 'replica' THEN r.replica WHEN 'user' THEN r.user_hash
+        ELSE coalesce(r.error_type, '') END AS name,
+        CAST(r.time / 3600 AS INTEGER) - (CAST(r.time / 3600 AS INTEGER) * 3600 > r.time) AS hour,
+        r.cost_basis, r.request_count, r.status, r.attempts, r.prompt_tokens, r.cached_prompt_tokens,
+        r.completion_tokens, r.reasoning_tokens, r.cost_usd
+    FROM requests r JOIN spend_dimensions d ON d.dimension <> 'refused' OR r.status = 'refused'
+    WHERE r.id > ?
+) AS b CROSS JOIN spend_spans AS s
+WHERE true
+GROUP BY 1, 2, 3, 4, 5, 6
+ON CONFLICT (dimension, hours, bucket, name, name_null, cost_basis) DO UPDATE SET
+    requests = requests + excluded.requests, errors = errors + excluded.errors,
+    refused = refused + excluded.refused, fallbacks = fallbacks + excluded.fallbacks,
+    prompt_tokens = prompt_tokens + excluded.prompt_tokens,
+    cached_prompt_tokens = cached_prompt_tokens + excluded.cached_prompt_tokens,
+    completion_tokens = completion_tokens + excluded.completion_tokens,
+    reasoning_tokens = reasoning_tokens + excluded.reasoning_tokens,
+    cost_usd = cost_usd + excluded.cost_usd
+"""
 
 
 def connect(path: Path, *, readonly: bool = False) -> sqlite3.Connection:
@@ -89,7 +123,10 @@ class SqliteLedger:
             with conn:
                 conn.execute("BEGIN")
                 requests, probes = split_probes(rows)
-                conn.executemany(INSERT, requests)
+                if requests:
+                    (last,) = conn.execute("SELECT coalesce(max(id), 0) FROM requests").fetchone()
+                    conn.executemany(INSERT, requests)
+                    conn.execute(ROLLUP_SINCE, (last,))
                 if probes:
                     conn.executemany(INSERT_PROBE, probes)
         except (sqlite3.IntegrityError, sqlite3.InterfaceError, OverflowError) as exc:
