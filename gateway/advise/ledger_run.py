@@ -1,7 +1,8 @@
 """A ledger window as advise's run, read a day at a time: the summary is summed by the database day by
-day (per hour and route: requests and output tokens; per route: how often each answer length was
-seen), so no request row is held for it; then only the sampled days' rows are read, one day per
-query. A month of 3.7M rows is never in memory; ``--full-replay`` still reads it whole.
+day (per hour and route: requests and output tokens; per route, where some row answered nothing: how
+often each answer length was seen), so no request row is held for it; then only the sampled days'
+rows are read, one day per query. A month of 3.7M rows is never in memory; ``--full-replay`` still
+reads it whole.
 
 The requests are those ``gateway simulate --workload ledger:`` replays (``simulate/replay.py``), to
 the float: the run starts at the window's first row and lasts until a second after its last; a row
@@ -31,7 +32,7 @@ REPLAYED = "time >= ? AND status <> 'refused'"  # what replay_rows reads: refusa
 EDGE_S = 1.0
 DAY_ROWS = f"{REPLAYED} AND time < ? AND time - ? >= ? AND time - ? < ?"
 LENGTHS = (
-    f"SELECT route, completion_tokens, count(*) FROM requests WHERE {DAY_ROWS} AND {ANSWERED} GROUP BY 1, 2"
+    f"SELECT route, completion_tokens, count(*) FROM requests WHERE {REPLAYED} AND {ANSWERED} GROUP BY 1, 2"
 )
 
 
@@ -78,9 +79,10 @@ class LedgerRun:
                     answered[h][route] = answered[h].get(route, 0) + int(tokens)
                     unanswered[h][route] = unanswered[h].get(route, 0) + int(others)
                     day += int(n)
-                for route, tokens, n in reader.query(LENGTHS, self._day_params(start, end)):
-                    lengths.setdefault(route, Counter())[int(tokens)] += int(n)
                 day_requests.append(day)
+            if any(any(hour.values()) for hour in unanswered):  # only they need their route's median
+                for route, tokens, n in reader.query(LENGTHS, (self.since,)):
+                    lengths.setdefault(route, Counter())[int(tokens)] += int(n)
         self._medians = {route: _median(counts) for route, counts in lengths.items()}
         traffic = []
         for n, a, u in zip(requests, answered, unanswered, strict=True):
