@@ -42,12 +42,15 @@ def advise_main(args: argparse.Namespace) -> int:
     try:
         policy = load_policy(args.policy)
         run = load_traffic(args)
+        requests = run.summary().requests  # a ledger's summed day by day, no request held
         if not 0 < args.slo <= 1:
             raise ValueError(f"--slo {args.slo}: give the share of requests within the SLO, e.g. 0.99")
     except (PolicyError, WorkloadError, ValueError) as exc:
         print(f"gateway advise: {exc}", file=sys.stderr)
         return 2
-    print(f"advising on {run.duration_s / 3600:.2f} h of traffic ({run.name})", file=sys.stderr)
+    print(
+        f"advising on {requests:,} requests over {run.duration_s / 3600:.2f} h ({run.name})", file=sys.stderr
+    )
     try:
         with plans_progress(args.quiet) as progress:
             advice = advise(

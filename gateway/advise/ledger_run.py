@@ -50,6 +50,7 @@ class LedgerRun:
         self.rows_read = 0
         self.largest_read = 0
         self._medians: dict[str, int] | None = None
+        self._summary: RunSummary | None = None
         first, last = self._one(f"SELECT min(time), max(time) FROM requests WHERE {REPLAYED}", (since,))
         if first is None:
             raise WorkloadError(f"ledger {path}: no requests in the window asked for (--since)")
@@ -57,6 +58,12 @@ class LedgerRun:
         self.duration_s = float(last) - self.start_wall + TAIL_S
 
     def summary(self) -> RunSummary:
+        """Summed once, on first asking."""
+        if self._summary is None:
+            self._summary = self._sum_days()
+        return self._summary
+
+    def _sum_days(self) -> RunSummary:
         hours = max(1, math.ceil(self.duration_s / HOUR_S))
         requests: list[dict[str, int]] = [{} for _ in range(hours)]
         answered: list[dict[str, int]] = [{} for _ in range(hours)]  # output tokens of answered rows

@@ -35,7 +35,9 @@ class Run(Protocol):
     @property
     def backends(self) -> Mapping[str, BackendModel]: ...
 
-    def summary(self) -> RunSummary: ...
+    def summary(self) -> RunSummary:
+        """The whole run summed (once: asked again, the same answer)."""
+        ...
 
     def day(self, start_s: float, end_s: float) -> Workload:
         """The requests arriving in [start_s, end_s) of the run, as a run of their own from zero."""
@@ -84,8 +86,14 @@ class WorkloadRun:
         self.start_wall = workload.start_wall
         self.duration_s = workload.duration_s
         self.backends = workload.backends
+        self._summary: RunSummary | None = None
 
     def summary(self) -> RunSummary:
+        if self._summary is None:
+            self._summary = self._count()
+        return self._summary
+
+    def _count(self) -> RunSummary:
         cuts = day_cuts(self.start_wall, self.duration_s)
         counts = [0] * len(cuts)
         day = 0
