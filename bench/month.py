@@ -1,16 +1,22 @@
 """A month of a production Kimi K3 fleet's traffic: eight B300 replicas of 64 seats busy at the weekday
-peak, quieter weekends, thinking-heavy answers; written as a workload file, or as a ledger (SQLite or
-PostgreSQL, through the ledger's own schema and batch writes) that ``gateway advise --ledger`` and
-``gateway simulate --workload ledger:`` replay as they would a real one.
+peak, quieter weekends, thinking-heavy answers, and coding agents' sessions among the chat; written as
+a workload file, or as a ledger (SQLite or PostgreSQL, through the ledger's own schema and batch
+writes) that ``gateway advise --ledger`` and ``gateway simulate --workload ledger:`` replay as they
+would a real one.
 
-    python -m bench.month --ledger var/month.sqlite3            # ~3.9M rows, the month up to this hour
+    python -m bench.month --ledger var/month.sqlite3            # ~3.8M rows, the month's whole days
     python -m bench.month --ledger postgresql://user:pw@host/db
     python -m bench.month --workload bench/workloads/kimi-month.yaml   # the file, from a fixed Monday
     gateway advise --policy bench/workloads/kimi-fleet.yaml --ledger var/month.sqlite3 --since 30d
 
 The day curves are per calendar day (UTC): each weekday's rises from 0.4 requests/s at night to 3.6 at
 the afternoon peak, where ~15k output tokens/s need the eight replicas (64 streams at 32.5 tokens/s
-each); a weekend day peaks at 1.2.
+each); a weekend day peaks at 1.2. Agents (``AGENT_SESSIONS``, ``gateway/simulate/agents.py``'s
+sessions: a shared system prompt and tools, then per turn the reply and tool results, so a prompt grows
+from ~20k to at most 300k tokens; ~20 s between turns) begin through the working day, 08:00-18:00, on
+the ``kimi-k3-agents`` route; their rows count all but each turn's newest message as cached. The
+ledger is generated a day at a time (its rows never all in memory); the workload file holds the chat
+only (a workload file has no agent sessions beside its arrival curve).
 """
 
 from __future__ import annotations
@@ -19,10 +25,12 @@ import argparse
 import math
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from gateway.simulate.workload import WorkloadFile, synthesize
+from gateway.simulate.agents import AgentsFile, agent_workload
+from gateway.simulate.workload import SimRequest, WorkloadFile, synthesize
 
 DAY_S = 86_400.0
 DAYS = 30
@@ -31,6 +39,11 @@ WEEKDAY = [(0, 0.4), (6, 0.4), (7, 1.2), (8, 2.5), (10, 3.4), (13, 3.6), (17, 3.
 WEEKEND = [(0, 0.3), (8, 0.3), (11, 1.0), (15, 1.2), (19, 0.8), (22, 0.4)]
 FIXED_START = "2026-03-02T00:00:00Z"  # a Monday, for the workload file
 BATCH = 50_000  # rows per write: one executemany (SQLite) or pipelined batch (PostgreSQL)
+SEED = 30
+# Coding-agent sessions begun per calendar day (UTC), evenly over the working day.
+AGENT_SESSIONS = {"weekday": 160, "weekend": 40}
+AGENT_DAY_H = (8.0, 18.0)
+AGENT_ROUTE = "kimi-k3-agents"
 
 
 def curve(start_wall: float, days: int) -> list[tuple[float, float]]:
@@ -45,13 +58,15 @@ def curve(start_wall: float, days: int) -> list[tuple[float, float]]:
     return points
 
 
-def month_spec(start: str = FIXED_START, days: int = DAYS, scale: float = 1.0) -> WorkloadFile:
+def month_spec(
+    start: str = FIXED_START, days: int = DAYS, scale: float = 1.0, seed: int = SEED
+) -> WorkloadFile:
     from gateway.simulate.workload import parse_start
 
     return WorkloadFile.model_validate(
         {
             "name": "kimi-month",
-            "seed": 30,
+            "seed": seed,
             "duration_s": days * DAY_S,
             "start": start,
             "arrivals": {"curve": curve(parse_start(start), days), "scale": scale},
@@ -80,40 +95,76 @@ def write_workload(path: Path) -> None:
         yaml.dump(data, out)
 
 
-def ledger_rows(spec: WorkloadFile) -> Any:
-    """One answered request per arrival, as the gateway's ledger records it (rows.py's columns)."""
-    from gateway.ledger.rows import LedgerRow
-    from gateway.simulate.workload import parse_start
+def agents_spec(day_start: str, day: int, sessions: int) -> AgentsFile:
+    """One day's agent sessions, begun over the working day (shifted there by ``month_day``)."""
+    opens, closes = AGENT_DAY_H
+    return AgentsFile(
+        name="kimi-month-agents",
+        seed=SEED * 1000 + day,
+        route=AGENT_ROUTE,
+        sessions=sessions,
+        start_window_s=(closes - opens) * 3600.0,
+        duration_s=DAY_S - opens * 3600.0,  # a turn past midnight is dropped
+        start=day_start,
+    )
 
-    start = parse_start(spec.start)
+
+def month_day(start_wall: float, day: int, scale: float = 1.0) -> list[SimRequest]:
+    """The ``day``-th calendar day from ``start_wall`` (a UTC midnight): its chat (the day's curve,
+    a seed of its own) and its agents' turns, in arrival order, ``at`` in seconds from the day's start."""
+    day_wall = start_wall + day * DAY_S
+    day_start = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(day_wall))
+    chat = synthesize(month_spec(day_start, 1, scale, seed=SEED * 1000 + day)).requests
+    kind = "weekday" if time.gmtime(day_wall).tm_wday < 5 else "weekend"
+    sessions = round(AGENT_SESSIONS[kind] * scale)
+    if not sessions:
+        return chat
+    opens = AGENT_DAY_H[0] * 3600.0
+    turns = [
+        r._replace(at=r.at + opens, session=day * 100_000 + r.session)
+        for r in agent_workload(agents_spec(day_start, day, sessions)).requests
+    ]
+    return sorted(chat + turns, key=lambda r: r.at)
+
+
+def ledger_rows(start_wall: float, days: int, scale: float = 1.0) -> Iterator[tuple[Any, ...]]:
+    """One answered request per arrival, as the gateway's ledger records it (rows.py's columns), a day
+    at a time. An agent's turn finds its conversation so far in the prefix cache: all but the newest
+    message (``shape``'s second-to-last boundary) is cached."""
+    from gateway.ledger.rows import LedgerRow
+
     speed = 92 * 64**-0.25  # a stream's tokens/s with 64 running
-    for i, r in enumerate(synthesize(spec).requests):
-        decode_s = r.output_tokens / speed
-        row = LedgerRow(
-            start + r.at, f"month-{i}", "fleet", r.route, "chat", True, "b300-vllm", "moonshotai/Kimi-K3",
-            r.prompt_tokens, 0, r.output_tokens, r.reasoning_tokens, "reported",
-            (r.prompt_tokens * 0.6 + r.output_tokens * 15.0) / 1e6, "per_token", None, 1.0, None, speed,
-            1.0 + decode_s, "ok", None, 1, "cheapest_within_slo", "month",
-        )  # fmt: skip
-        yield (*row, f"month-{i}")
+    i = 0
+    for day in range(days):
+        for r in month_day(start_wall, day, scale):
+            decode_s = r.output_tokens / speed
+            cached = r.shape[0][-2] if r.shape is not None and len(r.shape[0]) > 1 else 0
+            key, user = ("agents", f"session-{r.session}") if r.session >= 0 else ("fleet", None)
+            usd = ((r.prompt_tokens - cached) * 0.6 + cached * 0.15 + r.output_tokens * 15.0) / 1e6
+            row = LedgerRow(
+                start_wall + day * DAY_S + r.at, f"month-{i}", key, r.route, "chat", True, "b300-vllm",
+                "moonshotai/Kimi-K3", r.prompt_tokens, cached, r.output_tokens, r.reasoning_tokens,
+                "reported", usd, "per_token", None, 1.0, None, speed, 1.0 + decode_s, "ok", None, 1,
+                "cheapest_within_slo", "month", user_hash=user,
+            )  # fmt: skip
+            yield (*row, f"month-{i}")
+            i += 1
 
 
 def write_ledger(target: str, days: int = DAYS, scale: float = 1.0) -> tuple[int, float]:
-    """The month up to the last full hour, starting at the first UTC midnight inside ``--since 30d``."""
+    """The month's whole days up to the last full hour, from the first UTC midnight inside ``--since 30d``."""
     from gateway.ledger import open_database
 
     now = time.time()
     start_wall = math.ceil((now - days * DAY_S + 60.0) / DAY_S) * DAY_S
     whole_days = int((math.floor(now / 3600.0) * 3600.0 - start_wall) // DAY_S)
-    start = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(start_wall))
-    spec = month_spec(start, whole_days, scale)
     database = open_database(target)
     database.open()
     started = time.perf_counter()
     written = 0
     batch: list[tuple[Any, ...]] = []
     try:
-        for row in ledger_rows(spec):
+        for row in ledger_rows(start_wall, whole_days, scale):
             batch.append(row)
             if len(batch) >= BATCH:
                 database.write(batch)

@@ -13,25 +13,25 @@ from pathlib import Path
 import orjson
 
 from gateway.advise.judging import cores
+from gateway.advise.ledger_run import LedgerRun
 from gateway.advise.plans import PlanResult
-from gateway.advise.schedule import DAY_S
+from gateway.advise.runs import Run, WorkloadRun
 from gateway.advise.search import advise
-from gateway.advise.traffic import hourly_traffic
 from gateway.policy.load import PolicyError, load_policy
-from gateway.simulate.replay import ledger_workload
-from gateway.simulate.workload import Workload, WorkloadError, read_workload_file, synthesize
+from gateway.simulate.workload import WorkloadError, read_workload_file, synthesize
 
 
-def load_traffic(args: argparse.Namespace) -> Workload:
+def load_traffic(args: argparse.Namespace) -> Run:
+    """A workload file synthesized in memory, or a ledger window read a day at a time."""
     if args.workload:
-        return synthesize(read_workload_file(args.workload))
+        return WorkloadRun(synthesize(read_workload_file(args.workload)))
     from gateway.money.spend import parse_since
 
     try:
         start = parse_since(args.since, time.time())
     except ValueError as exc:
         raise WorkloadError(str(exc)) from None
-    return ledger_workload(args.ledger, start)
+    return LedgerRun(args.ledger, start)
 
 
 def advise_main(args: argparse.Namespace) -> int:
@@ -41,22 +41,21 @@ def advise_main(args: argparse.Namespace) -> int:
     started = cpu_seconds()
     try:
         policy = load_policy(args.policy)
-        workload = load_traffic(args)
+        run = load_traffic(args)
+        requests = run.summary().requests  # a ledger's summed day by day, no request held
         if not 0 < args.slo <= 1:
             raise ValueError(f"--slo {args.slo}: give the share of requests within the SLO, e.g. 0.99")
     except (PolicyError, WorkloadError, ValueError) as exc:
         print(f"gateway advise: {exc}", file=sys.stderr)
         return 2
-    hours = workload.duration_s / 3600
     print(
-        f"advising on {len(workload.requests):,} requests over {hours:.2f} h ({workload.name})",
-        file=sys.stderr,
+        f"advising on {requests:,} requests over {run.duration_s / 3600:.2f} h ({run.name})", file=sys.stderr
     )
     try:
         with plans_progress(args.quiet) as progress:
             advice = advise(
                 policy,
-                workload,
+                run,
                 args.slo,
                 seed=args.seed,
                 max_replicas=args.max_replicas,
@@ -82,10 +81,20 @@ def advise_main(args: argparse.Namespace) -> int:
     if not args.no_plots:
         from gateway.advise.report import write_plots
 
-        written += write_plots(advice, busiest_day(workload), out)
+        written += write_plots(advice, advice.busiest_day, out)
     print(f"CPU seconds: {cpu_seconds() - started:.1f} (the plans' workers included)", file=sys.stderr)
+    print(peak_memory(), file=sys.stderr)
     print("wrote " + ", ".join(str(p) for p in written), file=sys.stderr)
     return 0
+
+
+def peak_memory() -> str:
+    """The parent's peak resident memory and the largest finished worker's (Linux counts KiB)."""
+    import resource
+
+    own = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    workers = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
+    return f"peak RSS: {own / 1024:,.0f} MiB (this process), {workers / 1024:,.0f} MiB (its largest worker)"
 
 
 def cpu_seconds() -> float:
@@ -114,12 +123,3 @@ def plans_progress(quiet: bool) -> Iterator[Callable[[PlanResult, int], None] | 
             bar.update(task, total=plans, advance=1, description=f"{result.plan.name}: {result.plan.label}")
 
         yield judged
-
-
-def busiest_day(workload: Workload) -> list[float]:
-    """Requests per second by hour of the day, the busiest day's for each hour."""
-    rates = [0.0] * 24
-    for h, hour in enumerate(hourly_traffic(workload)):
-        hod = int(((workload.start_wall + h * 3600.0) % DAY_S) // 3600.0)
-        rates[hod] = max(rates[hod], sum(hour.requests.values()) / 3600.0)
-    return rates

@@ -14,17 +14,17 @@ from gateway.advise.traffic import PoolModel
 from gateway.policy.compiled import CompiledPolicy
 from gateway.simulate.workload import Workload
 
-Done = Callable[[PlanResult], None]  # told as each plan's result comes in
+Done = Callable[[PlanResult], None]  # told as each plan's result comes in, in the order they finish
 
 # What the forked workers read: set just before the fork, cleared after.
 _job: tuple[CompiledPolicy, list[tuple[Workload, Plan]], list[PoolModel], int] | None = None
 
 
-def _judge(index: int) -> PlanResult:
+def _judge(index: int) -> tuple[int, PlanResult]:
     assert _job is not None
     policy, runs, pools, seed = _job
     workload, plan = runs[index]
-    return run_plan(policy, workload, plan, pools, seed)
+    return index, run_plan(policy, workload, plan, pools, seed)
 
 
 def cores() -> int:
@@ -66,13 +66,16 @@ def judge_runs(
                 done(results[-1])
         return results
     _job = (policy, runs, pools, seed)
+    # The longest replays first (a sampled weekday before a weekend day, a partial day last), so no
+    # core is left with a long one alone at the end.
+    longest_first = sorted(range(len(runs)), key=lambda i: -len(runs[i][0].requests))
     try:
         with multiprocessing.get_context("fork").Pool(workers) as pool:
-            results = []
-            for result in pool.imap(_judge, range(len(runs))):
-                results.append(result)
+            by_index: dict[int, PlanResult] = {}
+            for index, result in pool.imap_unordered(_judge, longest_first):
+                by_index[index] = result
                 if done is not None:
                     done(result)
-            return results
+            return [by_index[i] for i in range(len(runs))]
     finally:
         _job = None

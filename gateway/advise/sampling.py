@@ -16,6 +16,8 @@ from dataclasses import dataclass
 
 from gateway.advise.judging import judge_runs
 from gateway.advise.plans import Plan, PlanResult
+from gateway.advise.runs import Run, WorkloadRun
+from gateway.advise.runs import day_cuts as cuts_of
 from gateway.advise.schedule import DAY_S, UpSpell, is_kind
 from gateway.advise.traffic import PoolModel
 from gateway.policy.compiled import CompiledPolicy
@@ -42,42 +44,34 @@ class DaySample:
         return len(self.stands_for)
 
 
-def day_cuts(workload: Workload) -> list[tuple[float, float]]:
+def day_cuts(run: Run | Workload) -> list[tuple[float, float]]:
     """The run cut at each UTC midnight inside it."""
-    cuts, at = [], 0.0
-    while at < workload.duration_s:
-        wall = workload.start_wall + at
-        end = min(workload.duration_s, at + (DAY_S - wall % DAY_S))
-        cuts.append((at, end))
-        at = end
-    return cuts
+    return cuts_of(run.start_wall, run.duration_s)
 
 
-def sample_days(workload: Workload) -> list[DaySample]:
-    """The days to replay, each with the days it stands for; every day of the run is stood for once."""
-    cuts = day_cuts(workload)
-    counts = [0] * len(cuts)
-    day = 0
-    for req in workload.requests:  # in arrival order
-        while req.at >= cuts[day][1] and day < len(cuts) - 1:
-            day += 1
-        counts[day] += 1
+def sample_days(run: Run | Workload, counts: Sequence[int] | None = None) -> list[DaySample]:
+    """The days to replay, each with the days it stands for; every day of the run is stood for once.
+    ``counts``: each day's requests (the run's summary), else counted from the workload's."""
+    cuts = day_cuts(run)
+    if counts is None:
+        assert isinstance(run, Workload)
+        counts = WorkloadRun(run).summary().day_requests
     groups: dict[str, list[int]] = {}
     samples = []
     for i, (start, end) in enumerate(cuts):
         if end - start < WHOLE_DAY_S:
-            date = _date(workload, start)
+            date = _date(run, start)
             samples.append(DaySample(start, end, date, "partial", (date,), 1.0))
             continue
-        weekend = is_kind(workload.start_wall + start + DAY_S / 2, "Sat-Sun")
+        weekend = is_kind(run.start_wall + start + DAY_S / 2, "Sat-Sun")
         groups.setdefault("weekend" if weekend else "weekday", []).append(i)
     for kind, days in groups.items():
         for level in _levels(days, counts):
             median = sorted(level, key=lambda d: counts[d])[len(level) // 2]
             start, end = cuts[median]
-            stands_for = tuple(_date(workload, cuts[d][0]) for d in sorted(level))
+            stands_for = tuple(_date(run, cuts[d][0]) for d in sorted(level))
             traffic = sum(counts[d] for d in level) / counts[median] if counts[median] else len(level)
-            samples.append(DaySample(start, end, _date(workload, start), kind, stands_for, traffic))
+            samples.append(DaySample(start, end, _date(run, start), kind, stands_for, traffic))
     return sorted(samples, key=lambda s: s.start_s)
 
 
@@ -91,22 +85,13 @@ def _levels(days: list[int], counts: Sequence[int]) -> list[list[int]]:
     return levels
 
 
-def _date(workload: Workload, at: float) -> str:
-    return time.strftime("%Y-%m-%d %a", time.gmtime(workload.start_wall + at))
+def _date(run: Run | Workload, at: float) -> str:
+    return time.strftime("%Y-%m-%d %a", time.gmtime(run.start_wall + at))
 
 
 def day_workload(workload: Workload, sample: DaySample) -> Workload:
     """The sampled day as a run of its own: its arrivals and faults, moved to start at zero."""
-    start, end = sample.start_s, sample.end_s
-    requests = [r._replace(at=r.at - start) for r in workload.requests if start <= r.at < end]
-    faults = tuple(
-        f.model_copy(update={"start_s": max(f.start_s, start) - start, "end_s": min(f.end_s, end) - start})
-        for f in workload.faults
-        if f.start_s < end and f.end_s > start
-    )
-    return workload._replace(
-        requests=requests, duration_s=end - start, start_wall=workload.start_wall + start, faults=faults
-    )
+    return WorkloadRun(workload).day(sample.start_s, sample.end_s)
 
 
 def day_plan(plan: Plan, sample: DaySample) -> Plan:
@@ -178,7 +163,7 @@ def describe(samples: Sequence[DaySample], days: int) -> list[str]:
 
 def judge_sampled(
     policy: CompiledPolicy,
-    workload: Workload,
+    run: Run,
     plans: list[Plan],
     pools: list[PoolModel],
     seed: int,
@@ -189,7 +174,7 @@ def judge_sampled(
 ) -> list[PlanResult]:
     """Each plan's result over the whole run from its replays of the sampled days (on ``workers``
     cores at once); ``done`` is told each day's replay as it comes in, with how many there are."""
-    days = [day_workload(workload, s) for s in samples]
+    days = [run.day(s.start_s, s.end_s) for s in samples]  # only these days' requests are read
     runs = [(day, day_plan(plan, s)) for plan in plans for s, day in zip(samples, days, strict=True)]
     told = None if done is None else (lambda result: done(result, len(runs)))
     results = judge_runs(policy, runs, pools, seed, workers=workers, done=told)
@@ -198,7 +183,7 @@ def judge_sampled(
         weighted(
             plan,
             list(zip(samples, results[i * per_plan : (i + 1) * per_plan], strict=True)),
-            workload.duration_s,
+            run.duration_s,
         )
         for i, plan in enumerate(plans)
     ]

@@ -12,6 +12,7 @@ from typing import NamedTuple
 
 from gateway.advise.judging import judge_plans
 from gateway.advise.plans import Plan, PlanResult, fixed_plan
+from gateway.advise.runs import Run, WorkloadRun
 from gateway.advise.sampling import SAMPLE_AFTER_S, DaySample, day_cuts, judge_sampled, sample_days
 from gateway.advise.schedule import (
     DayKind,
@@ -25,8 +26,8 @@ from gateway.advise.schedule import (
 from gateway.advise.traffic import (
     HourTraffic,
     PoolModel,
+    busiest_day,
     hourly_replicas,
-    hourly_traffic,
     pool_models,
 )
 from gateway.measure.capacity import streams_in_flight
@@ -63,6 +64,7 @@ class Advice:
     day_kinds: list[DayKind] = field(default_factory=list)  # the schedule's kinds of day
     samples: list[DaySample] = field(default_factory=list)  # the days replayed; none: every day was
     days_cut: int = 0  # the run's days (cut at UTC midnights), of which ``samples`` were replayed
+    busiest_day: list[float] = field(default_factory=list)  # requests/s per hour of day, the busiest's
 
     @property
     def today(self) -> PlanResult:
@@ -74,7 +76,7 @@ class Advice:
 
 def advise(
     policy: CompiledPolicy,
-    workload: Workload,
+    traffic: Workload | Run,
     slo_target: float,
     *,
     seed: int = 0,
@@ -85,11 +87,15 @@ def advise(
 ) -> Advice:
     """``progress`` is told each replay's result as it comes in, with how many replays there are;
     ``workers`` replays run at once (``judging.py``). ``sample``: replay a sample of the days
-    (``sampling.py``); by default only when the run is longer than a week."""
-    pools = pool_models(policy, workload, max_replicas)
-    hours = hourly_traffic(workload)
+    (``sampling.py``); by default only when the run is longer than a week. ``traffic``: a workload
+    in memory, or a run read a day at a time (``runs.py``, ``ledger_run.py``)."""
+    run = WorkloadRun(traffic) if isinstance(traffic, Workload) else traffic
+    summary = run.summary()
+    pools = pool_models(policy, run, max_replicas)
+    hours = summary.hours
     per_hour = hourly_replicas(policy, pools, hours)
-    duration = workload.duration_s
+    duration = run.duration_s
+    start_wall = run.start_wall
     candidates = [
         fixed_plan("today", {p.name: p.replicas_today for p in pools}, duration),
         fixed_plan("all-api", {p.name: 0 for p in pools}, duration),
@@ -100,11 +106,10 @@ def advise(
         candidates.append(
             fixed_plan("model-fixed+1", {**best, pools[0].name: best[pools[0].name] + 1}, duration)
         )
-    needs = {p.name: hour_of_day_needs(per_hour[p.name], workload.start_wall) for p in pools}
-    kinds = day_kinds(workload.start_wall, duration)
+    needs = {p.name: hour_of_day_needs(per_hour[p.name], start_wall) for p in pools}
+    kinds = day_kinds(start_wall, duration)
     by_kind = {
-        kind: {p.name: hour_of_day_needs(per_hour[p.name], workload.start_wall, kind) for p in pools}
-        for kind in kinds
+        kind: {p.name: hour_of_day_needs(per_hour[p.name], start_wall, kind) for p in pools} for kind in kinds
     }
     windows: dict[str, list[Window]] = {}
     if duration >= MIN_SCHEDULE_S and any(has_daily_shape(n) for n in needs.values()):
@@ -113,9 +118,7 @@ def advise(
             for p in pools
         }
         spells = {
-            p.name: [
-                s for _, s in sorted(spells_in_run(windows[p.name], workload.start_wall, duration).items())
-            ]
+            p.name: [s for _, s in sorted(spells_in_run(windows[p.name], start_wall, duration).items())]
             for p in pools
         }
         label = ", ".join(f"{p.name} {min(needs[p.name])}-{max(needs[p.name])} by hour" for p in pools)
@@ -130,21 +133,19 @@ def advise(
         judged.append(plan)
     if sample is None:
         sample = duration > SAMPLE_AFTER_S
-    samples = sample_days(workload) if sample else []
+    samples = sample_days(run, summary.day_requests) if sample else []
     if samples:
-        results = judge_sampled(
-            policy, workload, judged, pools, seed, samples, workers=workers, done=progress
-        )
+        results = judge_sampled(policy, run, judged, pools, seed, samples, workers=workers, done=progress)
     else:
         done = None if progress is None else (lambda result: progress(result, len(judged)))
-        results = judge_plans(policy, workload, judged, pools, seed, workers=workers, done=done)
+        results = judge_plans(policy, run.whole(), judged, pools, seed, workers=workers, done=done)
     keeping = [r for r in results if r.slo_attainment >= slo_target]
     recommended = (
         min(keeping, key=lambda r: r.total_usd) if keeping else max(results, key=lambda r: r.slo_attainment)
     )
     return Advice(
-        workload=workload.name,
-        requests=len(workload.requests),
+        workload=run.name,
+        requests=summary.requests,
         days_seen=duration / 86_400.0,
         slo_target=slo_target,
         pools=pools,
@@ -153,9 +154,10 @@ def advise(
         windows=windows,
         hourly=by_kind[kinds[0]],
         day_kinds=kinds,
-        sensitivity=sensitivity(policy, pools, hours, workload.start_wall, needs),
+        sensitivity=sensitivity(policy, pools, hours, start_wall, needs),
         samples=samples,
-        days_cut=len(day_cuts(workload)),
+        days_cut=len(day_cuts(run)),
+        busiest_day=busiest_day(hours, start_wall),
     )
 
 

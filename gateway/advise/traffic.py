@@ -6,6 +6,7 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Protocol
 
 from gateway.emulator.profiles import Profile
 from gateway.measure.capacity import (
@@ -17,9 +18,10 @@ from gateway.measure.capacity import (
 )
 from gateway.measure.demand import spill_usd_per_token
 from gateway.policy.compiled import CompiledPolicy
-from gateway.simulate.workload import Workload, backend_profile
+from gateway.simulate.workload import BackendModel, Workload, backend_profile
 
 HOUR_S = 3600.0
+DAY_S = 86_400.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -48,6 +50,15 @@ def hourly_traffic(workload: Workload) -> list[HourTraffic]:
     return [HourTraffic(r, t) for r, t in zip(requests, tokens, strict=True)]
 
 
+def busiest_day(hours: list[HourTraffic], start_wall: float) -> list[float]:
+    """Requests per second by hour of the day (UTC), the busiest day's for each hour."""
+    rates = [0.0] * 24
+    for h, hour in enumerate(hours):
+        hod = int(((start_wall + h * HOUR_S) % DAY_S) // HOUR_S)
+        rates[hod] = max(rates[hod], sum(hour.requests.values()) / HOUR_S)
+    return rates
+
+
 @dataclass(frozen=True, slots=True)
 class PoolModel:
     """A pool as the capacity model sees it: one replica's shape and the routes it can serve."""
@@ -60,7 +71,12 @@ class PoolModel:
     profile: Profile
 
 
-def pool_models(policy: CompiledPolicy, workload: Workload, max_replicas: int | None) -> list[PoolModel]:
+class HasBackends(Protocol):
+    @property
+    def backends(self) -> Mapping[str, BackendModel]: ...
+
+
+def pool_models(policy: CompiledPolicy, workload: HasBackends, max_replicas: int | None) -> list[PoolModel]:
     """Each GPU-hour pool, cheapest per token at full load first: the routes whose SLO it can keep
     (TTFT and decode speed), and one replica's SLO-safe streams at their speed."""
     pools = []

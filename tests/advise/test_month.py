@@ -1,12 +1,14 @@
-"""The month's traffic (bench/month.py): weekdays and weekends shaped apart by calendar day, and its
-ledger, written through the ledger's own schema, replayed by ``gateway advise --ledger`` row for row."""
+"""The month's traffic (bench/month.py): weekdays and weekends shaped apart by calendar day, coding
+agents' sessions among the chat, and its ledger, written through the ledger's own schema, replayed by
+``gateway advise --ledger`` row for row."""
 
 from __future__ import annotations
 
+import itertools
 import time
 from pathlib import Path
 
-from bench.month import WEEKDAY, WEEKEND, curve, write_ledger
+from bench.month import AGENT_ROUTE, AGENT_SESSIONS, WEEKDAY, WEEKEND, curve, month_day, write_ledger
 from gateway.simulate.replay import ledger_workload
 from gateway.simulate.workload import parse_start
 
@@ -24,5 +26,22 @@ def test_the_month_ledger_replays_row_for_row(tmp_path: Path) -> None:
     rows, _ = write_ledger(str(path), days=2, scale=0.01)
     replayed = ledger_workload(path, time.time() - 30 * 86_400.0)
     assert rows > 100 and len(replayed.requests) == rows
-    assert {r.route for r in replayed.requests} == {"kimi-k3", "kimi-k3-batch", "kimi-k3-fast"}
+    assert {r.route for r in replayed.requests} == {"kimi-k3", "kimi-k3-batch", "kimi-k3-fast", AGENT_ROUTE}
     assert all(r.reasoning_tokens < r.output_tokens for r in replayed.requests)  # thinking-heavy, not all
+
+
+def test_agent_sessions_resend_their_growing_conversation_among_the_chat() -> None:
+    monday = parse_start("2026-03-02T00:00:00Z")
+    day = month_day(monday, 0, scale=0.1)
+    turns = [r for r in day if r.route == AGENT_ROUTE]
+    sessions = {r.session for r in turns}
+    assert len(sessions) == round(AGENT_SESSIONS["weekday"] * 0.1) and len(turns) > 5 * len(sessions)
+    assert [r.at for r in day] == sorted(r.at for r in day)  # one stream of arrivals, chat and agents
+    for session in sessions:
+        prompts = [r for r in turns if r.session == session]
+        assert all(8 * 3600 <= r.at < 86_400 for r in prompts)  # begun in the working day
+        assert prompts[-1].prompt_tokens <= 300_000
+        # Each turn's prompt is the last one plus one message: the shared prefix and all before it.
+        for a, b in itertools.pairwise(prompts):
+            assert b.prompt_tokens > a.prompt_tokens
+            assert b.shape is not None and a.shape is not None and b.shape[1][:-1] == a.shape[1]
