@@ -129,6 +129,7 @@ class PostgresLedger:
     ) -> None:
         self.url = url
         self._timeout_s = timeout_s
+        self._connect_timeout_s = max(1, int(timeout_s))  # libpq's connect_timeout takes whole seconds
         self._answer_timeout_s = answer_timeout_s
         self._max_connections = max_connections
         self._pool: ConnectionPool[psycopg.Connection[Any]] | None = None
@@ -139,11 +140,11 @@ class PostgresLedger:
         return redact(self.url)
 
     def open(self) -> list[int]:
-        kwargs = {"connect_timeout": max(1, int(self._timeout_s)), "application_name": "gateway-ledger"}
+        kwargs = {"connect_timeout": self._connect_timeout_s, "application_name": "gateway-ledger"}
         try:
-            # Knocked first: a server that refuses answers at once, where opening the pool waits out its
-            # timeout (and the writer opens again while the database is away: ``Ledger._opened_now``).
-            psycopg.connect(self.url, connect_timeout=max(1, int(self._timeout_s))).close()
+            # Knocked first, as opening the pool would wait out its timeout (and the writer opens again
+            # while the database is away: ``Ledger._opened_now``).
+            self._knock()
         except psycopg.Error as exc:
             raise LedgerUnavailable(f"cannot open the ledger at {self.location}: {exc}") from exc
         pool: ConnectionPool[psycopg.Connection[Any]] = ConnectionPool(
@@ -168,15 +169,18 @@ class PostgresLedger:
         self._pool = pool
         return applied
 
+    def _knock(self) -> None:
+        """A connection made and closed at once: a server that refuses says so at once, where waiting
+        on the pool would hold the rows that arrive meanwhile in memory only."""
+        psycopg.connect(self.url, connect_timeout=self._connect_timeout_s).close()
+
     def write(self, rows: Sequence[tuple[Any, ...]]) -> None:
         pool = self._pool
         if pool is None:
             raise LedgerUnavailable("the ledger is not open")
         try:
             if self._away:
-                # Knocked first: a refused connection answers at once, where the pool would wait
-                # CONNECTION_WAIT_S for one, holding the rows that arrive meanwhile in memory only.
-                psycopg.connect(self.url, connect_timeout=max(1, int(self._timeout_s))).close()
+                self._knock()  # the pool would wait CONNECTION_WAIT_S for a connection
             # The commit is inside the deadline too (the transaction's own block, not the pool's exit).
             with (
                 pool.connection() as conn,

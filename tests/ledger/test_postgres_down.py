@@ -113,6 +113,16 @@ def under_load(replica: Replica, workers: int = 6) -> tuple[Load, threading.Thre
     return load, thread
 
 
+def each_answered_row_once(gateway: Replica, setup: Setup, load: Load) -> Counter[str]:
+    """Once the spool is empty: a row for each request ``load`` had answered, and no other, none twice."""
+    eventually(lambda: metrics(gateway)["gateway_ledger_spool_rows{}"] == 0, timeout=60)
+    eventually(lambda: set(load.completed) <= set(rows_per_request(setup.url)), timeout=60)
+    written = rows_per_request(setup.url)
+    assert set(written) == set(load.completed), "a row for each answered request, and no other"
+    assert max(written.values()) == 1, "no row written twice"
+    return written
+
+
 def test_postgres_stopped_and_started_under_load_writes_every_answered_row_once(
     server: PrivatePostgres, setup: Setup
 ) -> None:
@@ -135,11 +145,7 @@ def test_postgres_stopped_and_started_under_load_writes_every_answered_row_once(
         load.stop.set()
         thread.join(timeout=60)
     assert not load.failed, f"{len(load.failed)} requests failed: the database's outage reached clients"
-    eventually(lambda: metrics(gateway)["gateway_ledger_spool_rows{}"] == 0, timeout=60)
-    eventually(lambda: set(load.completed) <= set(rows_per_request(setup.url)), timeout=60)
-    written = rows_per_request(setup.url)
-    assert set(written) == set(load.completed), "a row for each answered request, and no other"
-    assert max(written.values()) == 1, "no row written twice"
+    written = each_answered_row_once(gateway, setup, load)
     after = metrics(gateway)
     assert after["gateway_ledger_write_errors_total{}"] >= 1 and during["gateway_ledger_up{}"] == 0
 
@@ -189,12 +195,8 @@ def test_postgres_hung_under_load_sends_rows_to_the_spool_and_writes_each_once(
         load.stop.set()
         thread.join(timeout=60)
     assert not load.failed, f"{len(load.failed)} requests failed: the hung database reached clients"
-    eventually(lambda: metrics(gateway)["gateway_ledger_spool_rows{}"] == 0, timeout=60)
-    eventually(lambda: set(load.completed) <= set(rows_per_request(setup.url)), timeout=60)
-    written = rows_per_request(setup.url)
+    written = each_answered_row_once(gateway, setup, load)
     gateway.process.stop()
-    assert set(written) == set(load.completed), "a row for each answered request, and no other"
-    assert max(written.values()) == 1, "no row written twice"
     assert during["gateway_ledger_up{}"] == 0
     print(
         f"\nPostgreSQL hung (SIGSTOP) under load: answered {len(load.completed)}"
