@@ -16,6 +16,7 @@ import asyncio
 import re
 import sys
 import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from types import FrameType
@@ -126,9 +127,30 @@ def modules_entered(gateway: Gateway, body: dict[str, Any]) -> list[str]:
     return list(entered)
 
 
+def wait_until_tasks_end(gateway: Gateway, before: set[asyncio.Task[Any]]) -> None:
+    """Wait until every task the loop started since ``before`` was taken has ended.
+
+    A stream is answered at its [DONE], but its task goes on reading the upstream's last bytes (the
+    chunked body's end); on a loaded machine those can arrive after the next request's profiling began,
+    and the network callback that reads them would be counted as that request's."""
+    loop: asyncio.AbstractEventLoop = gateway.server.server.servers[0].get_loop()
+    deadline = time.monotonic() + 15
+    while asyncio.run_coroutine_threadsafe(_tasks(), loop).result(10) - before:
+        assert time.monotonic() < deadline, "the first request's task did not end"
+        time.sleep(0.01)
+
+
+async def _tasks() -> set[asyncio.Task[Any]]:
+    current = asyncio.current_task()
+    return {task for task in asyncio.all_tasks() if task is not current}
+
+
 def test_a_streamed_request_enters_the_modules_the_readme_lists_in_that_order(quiet_gateway: Gateway) -> None:
     body = {"model": "chat", "messages": HELLO, "stream": True}
+    loop: asyncio.AbstractEventLoop = quiet_gateway.server.server.servers[0].get_loop()
+    before = asyncio.run_coroutine_threadsafe(_tasks(), loop).result(10)
     httpx.post(quiet_gateway.base_url + "/chat/completions", json=body, timeout=30).raise_for_status()
+    wait_until_tasks_end(quiet_gateway, before)
     entered = modules_entered(quiet_gateway, body)
     listed = [module_of(path) for path in walk_in_readme()]
     assert listed == entered, (
