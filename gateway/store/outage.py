@@ -12,10 +12,15 @@ minus what its ledger holds (a shared ledger: the fleet's spend).
 When Redis is back, each replica re-sends what it counted meanwhile (a ``Batch``, applied once).
 If Redis came back empty (restarted without persistence, a failover to a replica that lacked the
 data), each replica raises every counter to at least the ledger's total for the period
-(``FLOOR_LUA``: a maximum, so every replica may do it, again each second for a while after, and
-nothing is counted twice). With a shared ledger (the fleet's spend) that is all: what a replica
-counted meanwhile is not sent, the ledger has it. With a ledger of each replica's own, each also
-re-adds its spend since it started (spend by replicas since stopped is then lost to the counters).
+(``FLOOR_LUA``: a maximum, so every replica may do it, again each second for a while after). A raise
+may count some spend twice: the ledger's total holds rows whose settlements another replica has not
+yet sent (up to one ``sync_interval_s`` of its answers), and they are added again when it sends them.
+That errs on the safe side (the budget refuses a little early, never late) and only while a raise
+still raises (for ``FLOOR_AGAIN_FOR_S`` after the loss, while the ledger is ahead of the counter); the
+exact alternative would need each settlement's time in Redis. With a shared ledger (the fleet's
+spend) that is all: what a replica counted meanwhile is not sent, the ledger has it. With a ledger of
+each replica's own, each also re-adds its spend since it started (spend by replicas since stopped is
+then lost to the counters).
 
 The bound on overspending a budget through a restart of Redis, per replica: the requests it had in
 flight (their reservations went with Redis), plus those it answered whose ledger rows were not yet

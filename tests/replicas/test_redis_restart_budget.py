@@ -1,7 +1,8 @@
 """Redis restarted empty under load (our own server, by pid; a shared PostgreSQL ledger): the fleet
 keeps answering, the dashboard says it is degraded while Redis is away, a budget near its end is
 overspent by no more than ``gateway.store.outage`` says, and once Redis is back its counter is
-raised to the ledger's total and holds exactly what the ledger holds."""
+raised to the ledger's total: it never holds less than the ledger, and more only by the bounded double
+count ``gateway.store.outage`` describes (which makes a budget refuse early, never late)."""
 
 from __future__ import annotations
 
@@ -113,9 +114,13 @@ def test_redis_restarted_empty_under_load_keeps_the_budget_within_its_bound(
             key = counter_key("route", "paid-counted", "day", time.time())
 
             def reconciled() -> bool:
+                """The counter holds at least what the ledger holds, and at most the double count that
+                gateway.store.outage allows: a raise to the ledger's total takes in rows whose settlements
+                another replica had not yet sent, and they are added again when it sends them."""
                 with redis.client() as client:
                     shared, reserved = counter(client, prefix, key)
-                assert (shared, reserved) == (pytest.approx(spent, rel=1e-9), pytest.approx(0, abs=1e-9))
+                assert reserved == pytest.approx(0, abs=1e-9)
+                assert spent * (1 - 1e-9) <= shared <= spent + 2 * CLIENTS * dearest, (shared, spent, dearest)
                 return True
 
             eventually(reconciled, timeout=30)
