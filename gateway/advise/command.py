@@ -42,7 +42,10 @@ def advise_main(args: argparse.Namespace) -> int:
     try:
         policy = load_policy(args.policy)
         run = load_traffic(args)
-        requests = run.summary().requests  # a ledger's summed day by day, no request held
+        if isinstance(run, LedgerRun):  # summed day by day, no request held: seconds for a month
+            with days_progress(args.quiet) as progress:
+                run.sum_days(progress)
+        requests = run.summary().requests
         if not 0 < args.slo <= 1:
             raise ValueError(f"--slo {args.slo}: give the share of requests within the SLO, e.g. 0.99")
     except (PolicyError, WorkloadError, ValueError) as exc:
@@ -103,6 +106,21 @@ def cpu_seconds() -> float:
 
     own, workers = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
     return own.ru_utime + own.ru_stime + workers.ru_utime + workers.ru_stime
+
+
+@contextlib.contextmanager
+def days_progress(quiet: bool) -> Iterator[Callable[[int, int], None] | None]:
+    """A bar on stderr over the ledger's days as they are summed."""
+    if quiet:
+        yield None
+        return
+    from rich.console import Console
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    columns = (TextColumn("ledger days summed"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
+    with Progress(*columns, console=Console(stderr=True), transient=True) as bar:
+        task = bar.add_task("", total=None)
+        yield lambda done, days: bar.update(task, completed=done, total=days)
 
 
 @contextlib.contextmanager

@@ -13,7 +13,7 @@ from __future__ import annotations
 import contextlib
 import math
 from collections import Counter
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -60,10 +60,13 @@ class LedgerRun:
     def summary(self) -> RunSummary:
         """Summed once, on first asking."""
         if self._summary is None:
-            self._summary = self._sum_days()
+            self.sum_days()
+        assert self._summary is not None
         return self._summary
 
-    def _sum_days(self) -> RunSummary:
+    def sum_days(self, progress: Callable[[int, int], None] | None = None) -> None:
+        """Sum the window day by day for the summary; ``progress(days done, days)`` after each day (a
+        month of millions of rows takes seconds, which a bar should show)."""
         hours = max(1, math.ceil(self.duration_s / HOUR_S))
         requests: list[dict[str, int]] = [{} for _ in range(hours)]
         answered: list[dict[str, int]] = [{} for _ in range(hours)]  # output tokens of answered rows
@@ -76,7 +79,8 @@ class LedgerRun:
                 f" sum(CASE WHEN {ANSWERED} THEN completion_tokens ELSE 0 END),"
                 f" sum(CASE WHEN {ANSWERED} THEN 0 ELSE 1 END) FROM requests WHERE {DAY_ROWS} GROUP BY 1, 2"
             )
-            for start, end in day_cuts(self.start_wall, self.duration_s):
+            cuts = day_cuts(self.start_wall, self.duration_s)
+            for start, end in cuts:
                 day = 0
                 for h, route, n, tokens, others in reader.query(
                     by_hour, self._day_params(start, end, hour=True)
@@ -87,6 +91,8 @@ class LedgerRun:
                     unanswered[h][route] = unanswered[h].get(route, 0) + int(others)
                     day += int(n)
                 day_requests.append(day)
+                if progress is not None:
+                    progress(len(day_requests), len(cuts))
             if any(any(hour.values()) for hour in unanswered):  # only they need their route's median
                 for route, tokens, n in reader.query(LENGTHS, (self.since,)):
                     lengths.setdefault(route, Counter())[int(tokens)] += int(n)
@@ -95,7 +101,7 @@ class LedgerRun:
         for n, a, u in zip(requests, answered, unanswered, strict=True):
             tokens = {r: a.get(r, 0) + u.get(r, 0) * self._median_of(r) for r in n}
             traffic.append(HourTraffic(n, tokens))
-        return RunSummary(traffic, day_requests, sum(day_requests))
+        self._summary = RunSummary(traffic, day_requests, sum(day_requests))
 
     def day(self, start_s: float, end_s: float) -> Workload:
         if self._medians is None:

@@ -90,3 +90,14 @@ def test_advise_on_a_ledger_holds_only_the_sampled_days_rows(tmp_path: Path) -> 
     # Each sampled day read once, a day at a time, for all the plans' replays; no other day's rows.
     assert read == sum(replayed) < len(rows) / 2
     assert largest == max(replayed) <= 96
+
+
+def test_summing_the_days_reports_each_day_done(ledger: tuple[Path, float]) -> None:
+    """The summing of a month takes seconds before any replay starts: its bar moves a day at a time."""
+    path, since = ledger
+    run = LedgerRun(path, since)
+    seen: list[tuple[int, int]] = []
+    run.sum_days(lambda done, days: seen.append((done, days)))
+    days = len(day_cuts(run.start_wall, run.duration_s))
+    assert seen == [(done, days) for done in range(1, days + 1)]
+    assert run.summary().day_requests and len(run.summary().day_requests) == days
