@@ -267,6 +267,9 @@ class RedisStore:
         assert self._client is not None
         try:
             await self._client.ping()
+            # The pool's idle connections predate the outage: each would fail once on its first use
+            # and mark the store down again (a restart flapped a replica down and up a few times).
+            await self._client.connection_pool.disconnect(inuse_connections=False)
             if self._ledger_shared and self._acked and not await self._client.exists(self._applied_key):
                 # Back empty: what this replica counted meanwhile is in the fleet's ledger, and the
                 # ledger's floor brings it back; sent too, it would be counted twice.
