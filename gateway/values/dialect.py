@@ -38,8 +38,8 @@ def usage_from(obj: Any, reasoning_chunks: int = 0) -> Usage | None:
     return Usage(
         prompt_tokens=prompt or 0,
         completion_tokens=completion,
-        reasoning_tokens=reasoning,
-        cached_prompt_tokens=cached or 0,
+        reasoning_tokens=min(reasoning, completion),  # thinking is counted inside the completion
+        cached_prompt_tokens=min(cached or 0, prompt or 0),
         source="reported",
         cached_reported=cached is not None,
     )
@@ -148,8 +148,17 @@ def text_chars(content: Any) -> int:
     return 0
 
 
+# No request holds 2^31 tokens (the ledger clamps there too): a count past it, or below 0, is an upstream
+# lying or broken, and is clamped here, where usage enters, so the client's cost, the budgets, the rate
+# limits and the ledger all charge the same figure and none is ever credited by a negative count.
+TOKEN_LIMIT = 2**31 - 1
+
+
 def _int(value: Any) -> int | None:
-    return value if isinstance(value, int) and not isinstance(value, bool) else None
+    """A token count as an upstream reported it, within [0, TOKEN_LIMIT]; None when it is no integer."""
+    if not isinstance(value, int) or isinstance(value, bool):
+        return None
+    return min(max(value, 0), TOKEN_LIMIT)
 
 
 def insert_usage_cost(body: bytes, cost_usd: float, basis: str | None, start: int = 0) -> bytes:

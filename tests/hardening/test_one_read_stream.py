@@ -30,16 +30,17 @@ def chunked(data: bytes) -> bytes:
     return f"{len(data):x}\r\n".encode() + data + b"\r\n"
 
 
-def usage_frame() -> bytes:
+def usage_frame(usage: dict[str, object] = USAGE) -> bytes:
     chunk = {"id": "chatcmpl-one", "object": "chat.completion.chunk", "created": 1, "model": "m",
-             "choices": [], "usage": USAGE}  # fmt: skip
+             "choices": [], "usage": usage}  # fmt: skip
     return b"data: " + orjson.dumps(chunk) + b"\n\n"
 
 
 class OneWriteUpstream:
     """Answers every request with its whole stream in a single write, on a loopback port."""
 
-    def __init__(self) -> None:
+    def __init__(self, usage: dict[str, object] = USAGE) -> None:
+        self.usage = usage
         self.loop = asyncio.new_event_loop()
         self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
         self.server: asyncio.Server | None = None
@@ -50,7 +51,7 @@ class OneWriteUpstream:
             length = next(int(v) for k, _, v in (line.partition(b":") for line in header.split(b"\r\n"))
                           if k.lower() == b"content-length")  # fmt: skip
             await reader.readexactly(length)
-            events = frame("one") + frame(" read") + usage_frame() + b"data: [DONE]\n\n"
+            events = frame("one") + frame(" read") + usage_frame(self.usage) + b"data: [DONE]\n\n"
             writer.write(STREAM_HEAD + chunked(events) + b"0\r\n\r\n")
             await writer.drain()
         writer.close()
