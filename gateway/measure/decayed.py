@@ -95,27 +95,35 @@ class DecayedSamples:
         # The total is the last running sum (not a separate exact ``fsum``, which cost as much as the
         # running sums: the two differ in rounding only). The first value whose running weight
         # reaches q of the total.
+        # (``hi=last`` keeps the index on the last value should rounding put q * total past its sum.)
         total, last = running[-1], len(ordered) - 1
-        return tuple(ordered[min(last, bisect.bisect_left(running, q * total))] for q in qs)
+        return tuple([ordered[bisect.bisect_left(running, q * total, 0, last)] for q in qs])
 
 
 class DecayedMean:
-    """A mean in which each value's weight halves every ``half_life_s``; rates are means of 0/1."""
+    """A mean in which each value's weight halves every ``half_life_s``; rates are means of 0/1.
 
-    __slots__ = ("_at", "_half_life_s", "_sum", "_weight")
+    ``value`` (None before the first value) is worked out when a value is added, not when read: a
+    backend's view reads each of its means every time it is built, several times per add.
+    """
+
+    __slots__ = ("_at", "_half_life_s", "_sum", "_weight", "value")
 
     def __init__(self, half_life_s: float) -> None:
         self._half_life_s = half_life_s
         self._sum = 0.0
         self._weight = 0.0
         self._at = 0.0
+        self.value: float | None = None
 
     def add(self, at: float, value: float) -> None:
-        decay = 0.5 ** (max(0.0, at - self._at) / self._half_life_s)
-        self._at = max(at, self._at)
-        self._sum = self._sum * decay + value
-        self._weight = self._weight * decay + 1.0
-
-    @property
-    def value(self) -> float | None:
-        return self._sum / self._weight if self._weight > 0 else None
+        elapsed = at - self._at
+        if elapsed > 0:
+            decay = 0.5 ** (elapsed / self._half_life_s)
+            self._at = at
+            self._sum = self._sum * decay + value
+            self._weight = self._weight * decay + 1.0
+        else:  # no time passed (or an older value): nothing decays, as a decay of exactly 1.0 would
+            self._sum += value
+            self._weight += 1.0
+        self.value = self._sum / self._weight if self._weight > 0 else None

@@ -96,9 +96,14 @@ class SimProber:
             if self._bar_set.get(name) is not bar:  # setting the same bar again changes nothing
                 self._bar_set[name] = bar
                 self._stats.set_recovery_bar(name, bar, needed)
-        for due in self._plan.due(self._policy, view_of, now, self._inflight, self._bar_set):
+        # The plan reads the views just read (at the same instant nothing changed them: ``due`` sends
+        # nothing before it returns); after a probe went out, the one it changed is read afresh.
+        sent = False
+        for due in self._plan.due(self._policy, looked.__getitem__, now, self._inflight, self._bar_set):
             self._send(due, now)
-        self._quiet_until = self._plan.quiet_until(self._policy, view_of, now, self._inflight)
+            sent = True
+        plan_view_of = view_of if sent else looked.__getitem__
+        self._quiet_until = self._plan.quiet_until(self._policy, plan_view_of, now, self._inflight)
 
     def _views_unchanged(self) -> bool:
         """Whether every backend's view is the one the last look read, with no rebuild (see

@@ -27,7 +27,9 @@ class Timeline:
 
     def schedule(self, at: float, action: Callable[..., None], *args: Any) -> None:
         """Run ``action(*args)`` at ``at`` (never in the past); equal times run in scheduling order."""
-        heapq.heappush(self._events, (max(at, self.now), next(self._seq), action, args))
+        now = self.now
+        # A comparison, not max(): ~1M events a simulated day, and a builtin call costs more.
+        heapq.heappush(self._events, (at if at > now else now, next(self._seq), action, args))
 
     def __len__(self) -> int:
         return len(self._events)

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+from dataclasses import FrozenInstanceError, fields, replace
+
 import pytest
 
+from gateway.measure.backend_stats import BackendView
 from gateway.measure.decayed import DecayedMean, DecayedSamples
 from gateway.measure.signals import LoadSignals
 from gateway.measure.stats import LiveStats
@@ -171,3 +174,45 @@ def test_snapshot_covers_asked_backends_including_never_seen_ones() -> None:
     snapshot = stats.snapshot(["b300", "api"])
     assert set(snapshot) == {"b300", "api"}
     assert snapshot["b300"].samples == 1 and snapshot["api"].samples == 0
+
+
+def test_a_built_view_is_a_frozen_backend_view_like_any_other() -> None:
+    clock = FakeClock()
+    stats = LiveStats(clock)
+    serve(stats, clock, "b300", ttft_s=0.7)
+    view = stats.view("b300")
+    assert type(view) is BackendView  # built as a draft with the same slots, then turned into one
+    same = BackendView(**{f.name: getattr(view, f.name) for f in fields(BackendView)})
+    assert view == same and repr(view) == repr(same)
+    with pytest.raises(FrozenInstanceError):
+        view.inflight = 3  # type: ignore[misc]
+    assert replace(view, inflight=3).inflight == 3 and view.inflight == 0
+
+
+def test_learned_output_lengths_follow_each_answer_in_the_views() -> None:
+    clock = FakeClock()
+    stats = LiveStats(clock)
+    serve(stats, clock, "b300", completion_tokens=100)
+    first = stats.view("b300")
+    clock.advance(1.0)
+    serve(stats, clock, "b300", completion_tokens=300)
+    second = stats.view("b300")
+    assert first.learned_completion_tokens("kimi-k3") == 100.0
+    assert 100.0 < (second.learned_completion_tokens("kimi-k3") or 0.0) < 300.0
+    assert first.learned_completion_tokens("kimi-k3") == 100.0  # an older view keeps what it showed
+
+
+def test_decayed_mean_without_time_passing_is_a_plain_mean() -> None:
+    mean = DecayedMean(half_life_s=10.0)
+    assert mean.value is None
+    mean.add(5.0, 1.0)
+    mean.add(5.0, 0.0)
+    mean.add(4.0, 0.0)  # an older value counts as a new one, undecayed
+    assert mean.value == pytest.approx(1 / 3)
+
+
+def test_a_quantile_of_one_is_the_largest_sample() -> None:
+    samples = DecayedSamples(window=8, half_life_s=60.0)
+    for at, value in enumerate((3.0, 1.0, 2.0)):
+        samples.add(float(at), value)
+    assert samples.quantiles(0.0, 1.0) == (1.0, 3.0)
