@@ -106,12 +106,13 @@ def request_record(
     attempt_span_ids: Mapping[int, bytes],
     queued: Sequence[tuple[float, float]],
     observation: Observation,
-    decision: Decision | None,
+    decision: Decision | DecisionRecord | None,
     backends: Mapping[str, CompiledBackend],
     prompt: object | None = None,
     answer: bytes | StreamedAnswer | None = None,
 ) -> RequestRecord:
-    """The record of a settled request; ``prompt`` and ``answer`` only when the policy lets them in."""
+    """The record of a settled request; ``prompt`` and ``answer`` only when the policy lets them in;
+    ``decision``: its record when taken already (``RequestTrace.decided``)."""
     operation = OPERATIONS.get(observation.endpoint, observation.endpoint)
     status = observation.status
     attempts = observation.attempts
@@ -139,7 +140,7 @@ def request_record(
         observation.predicted_cached_tokens,
         tuple([_attempt(operation, a, backends, attempt_span_ids.get(i)) for i, a in enumerate(attempts)]),
         tuple(queued),
-        None if decision is None else decision_record(decision),
+        decision if decision is None or isinstance(decision, tuple) else decision_record(decision),
         None if prompt is None else orjson.dumps(prompt).decode(),
         _answer(answer),
     )
