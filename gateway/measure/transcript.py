@@ -51,8 +51,9 @@ class Transcript:
             if isinstance(tool_calls, list):
                 self._called(tool_calls)
         if isinstance(content, str) and content:
-            kept = self._kept(content)
-            if kept:
+            if self._room is None:  # a stream that may be resumed: every chunk, no call more
+                self.answer.append(content)
+            elif kept := self._kept(content):
                 self.answer.append(kept)
 
     def _kept(self, text: str) -> str:

@@ -127,8 +127,8 @@ def input_messages(prompt: object) -> str:
             break
         if isinstance(item, str):
             role, parts, room = "user", *_bounded_parts([_text(item)], room)
-        elif isinstance(item, dict):
-            role, said = _role_and_parts(item)
+        elif isinstance(item, dict) and (found := _role_and_parts(item)) is not None:
+            role, said = found
             parts, room = _bounded_parts(said, room)
         else:
             continue
@@ -139,7 +139,7 @@ def input_messages(prompt: object) -> str:
     return _json(messages)
 
 
-def _role_and_parts(item: dict[str, Any]) -> tuple[str, list[dict[str, Any]]]:
+def _role_and_parts(item: dict[str, Any]) -> tuple[str, list[dict[str, Any]]] | None:
     kind = item.get("type")
     if kind == "function_call":  # Responses: a call the model made earlier in the conversation
         call = {"type": "tool_call", "id": item.get("call_id"), "name": item.get("name")}
@@ -149,7 +149,10 @@ def _role_and_parts(item: dict[str, Any]) -> tuple[str, list[dict[str, Any]]]:
             {"type": "tool_call_response", "id": item.get("call_id"), "response": item.get("output")}
         ]
     role = item.get("role")
-    role = role if isinstance(role, str) else "user"
+    if not isinstance(role, str):
+        if kind not in (None, "message"):  # a Responses item of another kind (reasoning...): not said
+            return None
+        role = "user"
     content = item.get("content")
     if role == "tool":  # chat: a tool's result
         return role, [{"type": "tool_call_response", "id": item.get("tool_call_id"), "response": content}]

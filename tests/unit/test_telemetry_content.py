@@ -138,6 +138,7 @@ def test_a_completion_prompt_and_a_responses_input_become_input_messages() -> No
         {"role": "user", "content": [{"type": "input_text", "text": "weather?"}]},
         {"type": "function_call", "call_id": "c1", "name": "weather", "arguments": "{}"},
         {"type": "function_call_output", "call_id": "c1", "output": "sunny"},
+        {"type": "reasoning", "id": "r1", "summary": []},  # no message: left out
     ]
     assert json.loads(input_messages(items)) == [
         {"role": "user", "parts": [{"type": "text", "content": "weather?"}]},
