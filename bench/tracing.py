@@ -8,6 +8,10 @@ on...) so that other people's load on the machine falls on both alike. Each run 
 loop at saturation, streamed and whole, and reads the gateway's own CPU seconds per request (its
 exporter thread included). The backends take the trace context (``trace_context: true``), so the
 traceparent header is built and sent too. Prints the ratio on/off of the medians.
+
+``--base DIR``: a third gateway in the same rounds, tracing on, its ``gateway`` package from DIR (another
+build, e.g. ``git archive main gateway | tar -x -C DIR``), the three in an order that rotates each round;
+prints its ratio to off too, and this build's to it, paired round by round.
 """
 
 from __future__ import annotations
@@ -47,17 +51,23 @@ def traced_policy(upstream_port: int, out_dir: Path) -> Path:
     return path
 
 
-def start_gateway(port: int, policy: Path, out_dir: Path, sink_url: str | None) -> Proc:
+def start_gateway(
+    port: int, policy: Path, out_dir: Path, sink_url: str | None, tree: Path | None = None
+) -> Proc:
     gateway = Path(sys.executable).parent / "gateway"
     ledger = out_dir / "ledger-tracing.sqlite3"
     for stale in out_dir.glob("ledger-tracing.sqlite3*"):
         stale.unlink()
     argv = [str(gateway), "serve", "--policy", str(policy), "--port", str(port), "--ledger", str(ledger)]
     env = {"OTEL_SDK_DISABLED": "true"} if sink_url is None else {"OTEL_EXPORTER_OTLP_ENDPOINT": sink_url}
+    if tree is not None:  # the base build's package first on the path
+        env["PYTHONPATH"] = str(tree)
     return start("ours-tracing", argv, cpus="0", log_dir=out_dir, env=env)
 
 
-async def overhead(quick: bool, rounds: int, out_dir: Path, say: Any = print) -> dict[str, Any]:
+async def overhead(
+    quick: bool, rounds: int, out_dir: Path, say: Any = print, base: Path | None = None
+) -> dict[str, Any]:
     s = Settings.make(quick, None)
     upstream_port, gateway_port, sink_port = free_port(), free_port(), free_port()
     upstream = servers.start_upstream(upstream_port, out_dir)
@@ -68,15 +78,18 @@ async def overhead(quick: bool, rounds: int, out_dir: Path, say: Any = print) ->
         log_dir=out_dir,
     )
     policy = traced_policy(upstream_port, out_dir)
-    runs: dict[str, list[dict[str, float]]] = {"off": [], "on": []}
+    modes = ["off", "on"] + (["base"] if base is not None else [])
+    runs: dict[str, list[dict[str, float]]] = {mode: [] for mode in modes}
     try:
         direct = Way("direct", upstream_port, upstream, "fast", "paced", servers.API_KEY)
         if await wait_ready(direct, 20.0) is None:
             raise SystemExit("the upstream did not start:\n" + upstream.log_tail())
         for round_no in range(rounds):
-            for mode in ("off", "on") if round_no % 2 == 0 else ("on", "off"):
+            shift = round_no % len(modes)
+            for mode in modes[shift:] + modes[:shift]:
                 sink_url = None if mode == "off" else f"http://127.0.0.1:{sink_port}"
-                proc = start_gateway(gateway_port, policy, out_dir, sink_url)
+                tree = base if mode == "base" else None
+                proc = start_gateway(gateway_port, policy, out_dir, sink_url, tree)
                 try:
                     way = Way(
                         "ours", gateway_port, proc, "bench-fast", "bench-paced", servers.API_KEY, upstream
@@ -108,6 +121,11 @@ async def overhead(quick: bool, rounds: int, out_dir: Path, say: Any = print) ->
         off = statistics.median(r[key] for r in runs["off"])
         on = statistics.median(r[key] for r in runs["on"])
         result[key] = {"off": off, "on": on, "ratio": on / off if off else None}
+        if base is not None:
+            result[key]["base"] = statistics.median(r[key] for r in runs["base"])
+            for name, (a, b) in {"base_to_off": ("base", "off"), "on_to_base": ("on", "base")}.items():
+                paired = [x[key] / y[key] for x, y in zip(runs[a], runs[b], strict=True) if y[key]]
+                result[key][name] = statistics.median(paired) if paired else None
     return result
 
 
@@ -120,6 +138,11 @@ def summary(result: dict[str, Any]) -> str:
             f"ratio on/off {r['ratio']:.3f} (goal: at most {GOAL_RATIO:.2f}; medians of {result['rounds']} "
             "alternated rounds)"
         )
+        if "base" in r:
+            lines.append(
+                f"  base build (tracing on): {r['base']:.3f} ms; paired ratios, base/off "
+                f"{r['base_to_off']:.3f}, this build/base {r['on_to_base']:.3f}"
+            )
     return "\n".join(lines)
 
 
@@ -144,6 +167,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--quick", action="store_true", help="short saturation phases")
     parser.add_argument("--rounds", type=int, default=4, help="alternated off/on rounds (each runs both)")
     parser.add_argument("--out", type=Path, default=OUT)
+    parser.add_argument("--base", type=Path, default=None, help="another build's tree: a third gateway")
     parser.add_argument("--sink", type=int, default=None, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.sink is not None:
@@ -153,7 +177,7 @@ def main(argv: list[str] | None = None) -> int:
     args.out.mkdir(parents=True, exist_ok=True)
     import uvloop
 
-    result = uvloop.run(overhead(args.quick, args.rounds, args.out))
+    result = uvloop.run(overhead(args.quick, args.rounds, args.out, base=args.base))
     (args.out / "tracing.json").write_text(json.dumps(result, indent=2) + "\n")
     print(summary(result))
     return 0

@@ -15,6 +15,7 @@ class Transcript:
     __slots__ = (
         "_room",
         "answer",
+        "calls",
         "created",
         "finish_reason",
         "model",
@@ -30,6 +31,8 @@ class Transcript:
         self.created: Any = None
         self.model: Any = None
         self.answer: list[str] = []
+        # The tool calls streamed, for the trace: [index, id, name, argument fragments] each.
+        self.calls: list[list[Any]] = []
         self.reasoning: list[str] = []
         self.resumable = True  # tool calls in flight cannot be continued as text
         self.takeovers: list[dict[str, Any]] = []  # each resume, for the client's last chunk
@@ -45,13 +48,39 @@ class Transcript:
     def answered(self, content: Any, tool_calls: Any) -> None:
         if tool_calls:
             self.resumable = False
-        elif isinstance(content, str):
-            room = self._room
-            if room is None:
+            if isinstance(tool_calls, list):
+                self._called(tool_calls)
+        if isinstance(content, str) and content:
+            if self._room is None:  # a stream that may be resumed: every chunk, no call more
                 self.answer.append(content)
-            elif room > 0:
-                self.answer.append(content[:room])
-                self._room = room - len(content)
+            elif kept := self._kept(content):
+                self.answer.append(kept)
+
+    def _kept(self, text: str) -> str:
+        """As much of ``text`` as the room left holds (all of it where a resume needs it)."""
+        room = self._room
+        if room is None:
+            return text
+        self._room = room - len(text)
+        return text[: max(room, 0)]
+
+    def _called(self, deltas: list[Any]) -> None:
+        # A call's first delta names it (index, id, function name); the ones after add to its arguments.
+        for delta in deltas:
+            if not isinstance(delta, dict):
+                continue
+            index = delta.get("index", 0)
+            call = next((c for c in self.calls if c[0] == index), None)
+            if call is None:
+                call = [index, None, None, []]
+                self.calls.append(call)
+            call[1] = delta.get("id") or call[1]
+            named = delta.get("function")
+            function: dict[str, Any] = named if isinstance(named, dict) else {}
+            call[2] = function.get("name") or call[2]
+            arguments = function.get("arguments")
+            if isinstance(arguments, str) and arguments and (kept := self._kept(arguments)):
+                call[3].append(kept)
 
     def reasoned(self, text: Any) -> None:
         if isinstance(text, str) and self.resumes:

@@ -216,8 +216,15 @@ class Exchange:
         finally:  # a wait that ended in a 429 is in the trace too
             if self.trace is not None:
                 self.trace.waited(began, self.runtime.clock())
-        self.decision, self.order = decision, decision.order
+        self.order = self.decided(decision).order
         return decision.order
+
+    def decided(self, decision: Decision) -> Decision:
+        """The route's decision for this request, also taken into its trace at once."""
+        self.decision = decision
+        if self.trace is not None:
+            self.trace.decided(decision)
+        return decision
 
     # -- the end ---------------------------------------------------------------------------------
 

@@ -45,6 +45,7 @@ from gateway.request.streaming import StreamRelay
 from gateway.runtime import Runtime
 from gateway.runtime.drain import SHUTDOWN_CODE, UNANSWERED_MESSAGE
 from gateway.runtime.waiting import retry_after_seconds, worth_waiting
+from gateway.telemetry.context import trace_headers
 from gateway.values.auth import authorize_route
 from gateway.values.dialect import insert_usage_cost, read_completion, unusable_answer
 from gateway.values.observation import Attempt, Observation
@@ -60,9 +61,7 @@ async def serve(runtime: Runtime, door: Door, scope: Scope, receive: Receive, se
     request = Request(scope, receive)
     exchange = Exchange(runtime, door, request_id(request.headers, runtime))
     if runtime.tracer is not None:  # off by default: this check is all tracing costs then
-        exchange.trace = runtime.tracer.begin(
-            request.headers.get("traceparent"), request.headers.get("tracestate")
-        )
+        exchange.trace = runtime.tracer.begin(*trace_headers(scope["headers"]))
     drain = runtime.drain  # a graceful stop waits for every request in flight, then ends the rest
     drain.opened(exchange)
     try:
@@ -132,8 +131,9 @@ async def answer(exchange: Exchange, request: Request, receive: Receive) -> Resp
     observation = exchange.observation = observation_of(exchange, client.route.name, stream=client.stream)
     observation.user_hash = user_hash(client.identity, policy.user_hash_key)
     authorize_route(exchange.key, client.route.name)
-    decision = exchange.decision = runtime.decide(
-        policy, client.route, client.prompt_tokens, client.max_tokens, client.stream, client.keys
+    route, tokens = client.route, client.prompt_tokens
+    decision = exchange.decided(
+        runtime.decide(policy, route, tokens, client.max_tokens, client.stream, client.keys)
     )
     observation.decision_reason = decision.reason
     observation.expected_cost_usd = decision.expected_cost_usd

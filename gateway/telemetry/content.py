@@ -1,12 +1,16 @@
-"""The answer in a trace (``telemetry.content: true``, never on a ``private`` route): the GenAI semantic
-conventions' ``gen_ai.output.messages`` (docs/gen-ai/gen-ai-output-messages.json of
+"""The prompt and the answer in a trace (``telemetry.content: true``, never on a ``private`` route): the
+GenAI semantic conventions' ``gen_ai.input.messages`` (docs/gen-ai/gen-ai-input-messages.json: a JSON
+array of ``{role, parts}``), written on the request path from the client's payload when it settles, and
+``gen_ai.output.messages`` (docs/gen-ai/gen-ai-output-messages.json of
 open-telemetry/semantic-conventions: a JSON array of ``{role, parts, finish_reason}``), written in the
 exporter's thread from what the request path kept: a whole answer's body as the upstream sent it, or a
 stream's text as its meter saw it go by.
 
-Bounded: at most ``MAX_ANSWER_CHARS`` characters of answer text per request (the rest is cut, and the
-message's ``gateway.truncated`` says so), whatever the answer's length; a stream's meter keeps no more than
-that either (``measure.transcript.Transcript``) unless it keeps the whole answer anyway, to resume it.
+Bounded: at most ``MAX_ANSWER_CHARS`` characters of prompt text (its first ones: the message where the
+bound falls is cut and says ``gateway.truncated``, later ones are left out), and as many of answer text
+per request (the rest is cut, and the message's ``gateway.truncated`` says so), whatever the answer's
+length; a stream's meter keeps no more than that either (``measure.transcript.Transcript``) unless it
+keeps the whole answer anyway, to resume it.
 """
 
 from __future__ import annotations
@@ -20,9 +24,10 @@ MAX_ANSWER_CHARS = 32_768
 KEPT_STREAM_CHARS = MAX_ANSWER_CHARS + 1
 
 # The answer as the request path kept it for the trace: a whole answer's body as the upstream sent it
-# (read here, in the exporter's thread), or a stream's text (at most KEPT_STREAM_CHARS) and its finish
-# reason.
-AnswerRecord = bytes | tuple[str, str | None]
+# (read here, in the exporter's thread), or a stream's text, its finish reason and its tool calls (id,
+# name, arguments; with the text, at most KEPT_STREAM_CHARS characters).
+StreamedCall = tuple[str | None, str | None, str]
+AnswerRecord = bytes | tuple[str, str | None, tuple[StreamedCall, ...]]
 
 
 def output_messages(answer: AnswerRecord, operation: str, ok: bool) -> str | None:
@@ -32,9 +37,16 @@ def output_messages(answer: AnswerRecord, operation: str, ok: bool) -> str | Non
         return None
     unsaid = "stop" if ok else "error"
     if isinstance(answer, tuple):
-        text, finish_reason = answer
+        text, finish_reason, calls = answer
         cut = len(text) > MAX_ANSWER_CHARS
-        return _json([_message([_text(text[:MAX_ANSWER_CHARS])], finish_reason or unsaid, cut)])
+        streamed = [_text(text[:MAX_ANSWER_CHARS])] if text or not calls else []
+        left = MAX_ANSWER_CHARS - len(text)
+        for call_id, name, called in calls:
+            kept = called[: max(left, 0)]
+            cut = cut or len(kept) < len(called)
+            left -= len(called)
+            streamed.append({"type": "tool_call", "id": call_id, "name": name, "arguments": kept})
+        return _json([_message(streamed, finish_reason or unsaid, cut)])
     try:
         body = orjson.loads(answer)
     except orjson.JSONDecodeError:
@@ -93,3 +105,99 @@ def _message(parts: list[dict[str, Any]], finish_reason: str, cut: bool) -> dict
 
 def _json(messages: list[dict[str, Any]]) -> str:
     return orjson.dumps(messages).decode()
+
+
+def input_messages(prompt: object) -> str:
+    """``gen_ai.input.messages`` as JSON, from a door's prompt field: chat ``messages``, a completion's
+    ``prompt`` (a text or a list of them), or a Responses ``input`` (a text or a list of items). Text,
+    tool calls and tool results become parts; any other part (an image) only its type: its data could
+    be megabytes."""
+    items: list[Any]
+    if isinstance(prompt, str):
+        items = [prompt]
+    elif isinstance(prompt, list):
+        items = prompt
+    else:
+        items = []
+    room = MAX_ANSWER_CHARS
+    messages: list[dict[str, Any]] = []
+    for item in items:
+        if room <= 0:
+            messages[-1]["gateway.truncated"] = True
+            break
+        if isinstance(item, str):
+            role, parts, room = "user", *_bounded_parts([_text(item)], room)
+        elif isinstance(item, dict) and (found := _role_and_parts(item)) is not None:
+            role, said = found
+            parts, room = _bounded_parts(said, room)
+        else:
+            continue
+        message: dict[str, Any] = {"role": role, "parts": parts}
+        if room < 0:
+            message["gateway.truncated"] = True
+        messages.append(message)
+    return _json(messages)
+
+
+def _role_and_parts(item: dict[str, Any]) -> tuple[str, list[dict[str, Any]]] | None:
+    kind = item.get("type")
+    if kind == "function_call":  # Responses: a call the model made earlier in the conversation
+        call = {"type": "tool_call", "id": item.get("call_id"), "name": item.get("name")}
+        return "assistant", [{**call, "arguments": item.get("arguments")}]
+    if kind == "function_call_output":
+        return "tool", [
+            {"type": "tool_call_response", "id": item.get("call_id"), "response": item.get("output")}
+        ]
+    role = item.get("role")
+    if not isinstance(role, str):
+        if kind not in (None, "message"):  # a Responses item of another kind (reasoning...): not said
+            return None
+        role = "user"
+    content = item.get("content")
+    if role == "tool":  # chat: a tool's result
+        return role, [{"type": "tool_call_response", "id": item.get("tool_call_id"), "response": content}]
+    parts: list[dict[str, Any]] = []
+    if isinstance(content, str):
+        parts.append(_text(content))
+    elif isinstance(content, list):
+        for part in content:
+            if isinstance(part, dict):
+                text = part.get("text")
+                if isinstance(text, str) and part.get("type") in ("text", "input_text", "output_text"):
+                    parts.append(_text(text))
+                else:
+                    parts.append({"type": str(part.get("type") or "unknown")})
+    for call in item.get("tool_calls") or ():
+        if isinstance(call, dict):
+            named = call.get("function")
+            function: dict[str, Any] = named if isinstance(named, dict) else {}
+            parts.append(
+                {
+                    "type": "tool_call",
+                    "id": call.get("id"),
+                    "name": function.get("name"),
+                    "arguments": function.get("arguments"),
+                }
+            )
+    return role, parts
+
+
+# The field of each part kind that holds free text, the one the bound counts.
+_FREE_TEXT = {"text": "content", "tool_call": "arguments", "tool_call_response": "response"}
+
+
+def _bounded_parts(parts: list[dict[str, Any]], room: int) -> tuple[list[dict[str, Any]], int]:
+    """The parts with at most ``room`` characters of free text; the room left (below 0: cut)."""
+    kept = []
+    for part in parts:
+        field = _FREE_TEXT.get(part["type"])
+        value = part.get(field) if field is not None else None
+        if value is not None and not isinstance(value, str):
+            value = orjson.dumps(value).decode()  # a tool's structured result
+        if isinstance(value, str) and field is not None:
+            part = {**part, field: value[: max(room, 0)]}
+            room -= len(value)
+        kept.append(part)
+        if room < 0:
+            break
+    return kept, room

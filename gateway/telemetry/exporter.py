@@ -80,18 +80,22 @@ class SpanExporter(Generic[Pending]):
 
     def _run(self) -> None:
         while True:
-            self._wake.wait(self._settings.flush_interval_s)
+            woken = self._wake.wait(self._settings.flush_interval_s)
             self._wake.clear()
             stopping = self._stopping.is_set()
-            self._export_queued()
+            # Woken by a full batch: only full batches go. What the request path queues while one is
+            # posted waits for the next (its own wake-up, or the flush interval), rather than leaving
+            # in a small post of its own: under load that made three posts per wake-up (~85 requests
+            # each), and each post costs the same HTTP exchange whatever it carries.
+            self._export_queued(self._batch if woken and not stopping else 1)
             if stopping:
                 if self._connection is not None:
                     self._connection.close()
                 return
 
-    def _export_queued(self) -> None:
+    def _export_queued(self, at_least: int = 1) -> None:
         queue = self._queue
-        while queue:
+        while len(queue) >= at_least:
             batch: list[Pending] = []
             while queue and len(batch) < self._batch:
                 batch.append(queue.popleft())

@@ -14,11 +14,9 @@ slice (``encode`` looks its blocks up by ``record[5:15]`` and ``attempt[:9]``).
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
-import orjson
-
-from gateway.telemetry.content import KEPT_STREAM_CHARS, AnswerRecord
+from gateway.telemetry.content import KEPT_STREAM_CHARS, AnswerRecord, input_messages
 from gateway.telemetry.spans import OPERATIONS
 from gateway.values.observation import Attempt, Observation
 
@@ -98,6 +96,7 @@ class StreamedAnswer(Protocol):
     """What a stream's meter keeps of the answer for a trace (``measure.transcript.Transcript``)."""
 
     answer: list[str]
+    calls: list[list[Any]]  # [index, id, name, argument fragments] of each tool call
     finish_reason: str | None
 
 
@@ -106,12 +105,13 @@ def request_record(
     attempt_span_ids: Mapping[int, bytes],
     queued: Sequence[tuple[float, float]],
     observation: Observation,
-    decision: Decision | None,
+    decision: Decision | DecisionRecord | None,
     backends: Mapping[str, CompiledBackend],
     prompt: object | None = None,
     answer: bytes | StreamedAnswer | None = None,
 ) -> RequestRecord:
-    """The record of a settled request; ``prompt`` and ``answer`` only when the policy lets them in."""
+    """The record of a settled request; ``prompt`` and ``answer`` only when the policy lets them in;
+    ``decision``: its record when taken already (``RequestTrace.decided``)."""
     operation = OPERATIONS.get(observation.endpoint, observation.endpoint)
     status = observation.status
     attempts = observation.attempts
@@ -139,8 +139,8 @@ def request_record(
         observation.predicted_cached_tokens,
         tuple([_attempt(operation, a, backends, attempt_span_ids.get(i)) for i, a in enumerate(attempts)]),
         tuple(queued),
-        None if decision is None else decision_record(decision),
-        None if prompt is None else orjson.dumps(prompt).decode(),
+        decision if decision is None or isinstance(decision, tuple) else decision_record(decision),
+        None if prompt is None else input_messages(prompt),
         _answer(answer),
     )
 
@@ -210,4 +210,5 @@ def _answer(answer: bytes | StreamedAnswer | None) -> AnswerRecord | None:
         return answer
     # The stream's text joined now (its meter's list is the request's, not the exporter's), as much as
     # the writer keeps: a stream that may be resumed keeps the whole answer.
-    return "".join(answer.answer)[:KEPT_STREAM_CHARS], answer.finish_reason
+    calls = tuple([(c[1], c[2], "".join(c[3])) for c in answer.calls])
+    return "".join(answer.answer)[:KEPT_STREAM_CHARS], answer.finish_reason, calls

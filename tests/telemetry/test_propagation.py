@@ -237,7 +237,10 @@ def test_prompts_and_answers_go_into_spans_only_when_asked_and_never_for_a_priva
     assert (answer in everything) is expected
     (server_span,) = [s for s in spans if s.kind == KIND_SERVER]
     if expected:
-        assert json.loads(server_span.attributes["gen_ai.input.messages"]) == HI
+        # The prompt as the conventions' input messages: the client's message as parts.
+        assert json.loads(server_span.attributes["gen_ai.input.messages"]) == [
+            {"role": "user", "parts": [{"type": "text", "content": HI[0]["content"]}]}
+        ]
         # The GenAI semantic conventions' output message: the answer the client read, and why it ended.
         (said,) = json.loads(server_span.attributes["gen_ai.output.messages"])
         assert said["role"] == "assistant" and said["parts"] == [{"type": "text", "content": answer}]

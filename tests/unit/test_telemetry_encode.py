@@ -7,17 +7,19 @@ from __future__ import annotations
 
 import dataclasses
 import threading
-from typing import Any
+from types import SimpleNamespace
+from typing import Any, cast
 
 from gateway.policy.decide import Decision
 from gateway.policy.evaluate import CandidateEval
 from gateway.policy.load import load_policy
 from gateway.policy.schema import Slo
-from gateway.telemetry.content import output_messages
+from gateway.telemetry.content import input_messages, output_messages
 from gateway.telemetry.encode import request_messages
 from gateway.telemetry.otlp import envelope, export_body, export_request
-from gateway.telemetry.record import RequestRecord, request_record
+from gateway.telemetry.record import RequestRecord, decision_record, request_record
 from gateway.telemetry.spans import TraceIds, request_spans
+from gateway.telemetry.tracer import RequestTrace, Tracer
 from gateway.values.observation import Attempt, Observation, Usage
 from tests.telemetry.receiver import ReadSpan, spans_of
 
@@ -129,7 +131,7 @@ def test_the_writer_says_what_the_span_model_says() -> None:
         written = request_messages(record)
         ours = read(spans_of(export_body(envelope(RESOURCE, SCOPE), written)))
         said = output_messages(answer, "chat", ok=False)
-        model = request_spans(ids, observation, decision, backends, '[{"role":"user"}]', said)
+        model = request_spans(ids, observation, decision, backends, input_messages([{"role": "user"}]), said)
         assert ours == read(spans_of(export_request(RESOURCE, SCOPE, model)))
         server = ours[0]["attributes"]
         assert (
@@ -180,3 +182,28 @@ def test_a_record_holds_only_immutable_values_taken_when_the_request_settles() -
     assert immutable(record)
     observation.attempts[0].usage = Usage(1, 1)  # the request's objects change: the record does not
     assert record == record_of(ids, settled(2)[1], eager, backends, [{"role": "user"}], b'{"choices": []}')
+
+
+def test_a_traced_request_takes_its_decision_into_its_record_when_it_is_made() -> None:
+    """``RequestTrace.decided``: the candidates are evaluated while what the decision read is at hand,
+    and the record the request settles with holds that decision's record."""
+    policy = load_policy(POLICY)
+    ids, observation, eager = settled(3)
+    built: list[int] = []
+
+    def candidates() -> tuple[CandidateEval, ...]:
+        built.append(1)
+        return eager.evals
+
+    lazy = Decision(eager.order, eager.reason, candidates, eager.expected_cost_usd, eager.cached_tokens)
+    queued: list[object] = []
+    tracer = SimpleNamespace(content=False, exporter=SimpleNamespace(put=queued.append))
+    id_values = (ids.trace_id, ids.server_span_id, ids.parent_span_id, ids.trace_state, ids.wall_offset_s)
+    trace = RequestTrace(cast(Tracer, tracer), id_values, None)
+    trace.decided(lazy)
+    assert built == [1], "evaluated when decided"
+    later = Decision(("bench-upstream-paced",), "exploration", (), None)
+    trace.finish(observation, later, None, policy)
+    (record,) = queued
+    assert cast(RequestRecord, record)[24] == decision_record(eager)
+    assert cast(RequestRecord, record)[:22] == record_of(ids, observation, eager, policy.backends)[:22]
