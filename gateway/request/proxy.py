@@ -97,12 +97,15 @@ async def answer_and_send(
         exchange.fail("internal_error")
         response = door.error_response(InternalError())
     if not isinstance(response, StreamRelay):
-        exchange.settle()  # before the answer goes out: whoever reads spend next sees this request
+        # Before the answer goes out: whoever reads spend next sees this request. Its metrics wait for
+        # the answer's write (``Exchange.count``, nothing awaited between: a scrape still sees them).
+        exchange.settle(count_later=True)
     exchange.answering = True  # a graceful stop now ends a stream through its upstream: an error event
     try:
         await response(scope, receive, send)
     finally:
         exchange.settle()  # a stream settles at its end; this is a no-op then
+        exchange.count()
 
 
 def refusal(exchange: Exchange, error: GatewayError) -> Response:
