@@ -7,6 +7,10 @@ people's load on a shared machine falls on both alike. Idle memory is read once,
 reads the added latency at c=1 (p50 over going direct, measured in the same round), the added TTFT of
 streams started at 5 a second (open loop), and the gateway's own CPU per request at saturation (c=64),
 whole answers and streams. Prints the medians per checkout and B's ratio to A.
+
+``--latency`` measures only the two latencies, with a longer light phase (60 streams a round, not 20):
+the saturation phases are skipped, so more rounds fit in the same minutes, and a p50 of light TTFT is
+read over three times the streams (it is a p50 of a few dozen on a machine whose load keeps moving).
 """
 
 from __future__ import annotations
@@ -65,9 +69,21 @@ async def light_ttft(way: Way, seconds: float) -> float | None:
     return None if p50 is None else p50 * 1000.0
 
 
-async def one_run(way: Way, direct: dict[str, float | None], s: Settings, light_s: float) -> dict[str, Any]:
+async def one_run(
+    way: Way, direct: dict[str, float | None], s: Settings, light_s: float, latency_only: bool = False
+) -> dict[str, Any]:
     c1 = await at_c1(way, s, False)
     ttft = await light_ttft(way, light_s)
+    if latency_only:
+        return {
+            **dict.fromkeys(METRICS[5:]),
+            "c1_p50_ms": c1["p50_ms"],
+            "added_c1_p50_ms": c1["p50_ms"] - direct["c1_p50_ms"],  # type: ignore[operator]
+            "light_ttft_p50_ms": ttft,
+            "added_light_ttft_p50_ms": None if ttft is None else ttft - direct["light_ttft_p50_ms"],  # type: ignore[operator]
+            "core_foreign_share": c1.get("core_foreign_share") or 0.0,
+            "errors": c1["errors"],
+        }
     whole = await saturation(way, s, False)
     streamed = await saturation(way, s, True)
     return {
@@ -86,11 +102,13 @@ async def one_run(way: Way, direct: dict[str, float | None], s: Settings, light_
     }
 
 
-async def compare(checkouts: dict[str, Path], rounds: int, quick: bool, out_dir: Path) -> dict[str, Any]:
+async def compare(
+    checkouts: dict[str, Path], rounds: int, quick: bool, out_dir: Path, latency_only: bool = False
+) -> dict[str, Any]:
     """Both gateways run side by side on core 0 from the start; each round measures one, then the
     other (the order alternating), so a noisy spell of the machine falls on both."""
     s = Settings.make(quick, None)
-    light_s = 4.0 if quick else 8.0
+    light_s = 12.0 if latency_only else 4.0 if quick else 8.0
     upstream_port = free_port()
     upstream = servers.start_upstream(upstream_port, out_dir)
     policy = servers.gateway_policy(upstream_port, out_dir)
@@ -116,7 +134,7 @@ async def compare(checkouts: dict[str, Path], rounds: int, quick: bool, out_dir:
             c1 = await at_c1(direct_way, s, False)
             direct = {"c1_p50_ms": c1["p50_ms"], "light_ttft_p50_ms": await light_ttft(direct_way, light_s)}
             for label in labels if round_no % 2 == 0 else labels[::-1]:
-                run = await one_run(ways[label], direct, s, light_s)
+                run = await one_run(ways[label], direct, s, light_s, latency_only)
                 loads.append(os.getloadavg()[0])
                 runs[label].append(run)
                 print(f"round {round_no + 1} {label}: " + json.dumps({k: _round(v) for k, v in run.items()}))
@@ -127,11 +145,15 @@ async def compare(checkouts: dict[str, Path], rounds: int, quick: bool, out_dir:
     medians = {
         label: {
             "idle_rss_mb": idle_rss[label],
-            **{m: statistics.median(r[m] for r in rs if r[m] is not None) for m in METRICS[1:]},
+            **{m: _median([r[m] for r in rs if r[m] is not None]) for m in METRICS[1:]},
         }
         for label, rs in runs.items()
     }
     return {"rounds": rounds, "runs": runs, "medians": medians, "load_average": [min(loads), max(loads)]}
+
+
+def _median(values: list[float]) -> float | None:
+    return statistics.median(values) if values else None  # None: not measured (``--latency``)
 
 
 def _round(v: Any) -> Any:
@@ -145,6 +167,8 @@ def summary(result: dict[str, Any]) -> str:
     lines = [f"{'metric':26} {a:>10} {b:>10} {b + '/' + a:>12} {'paired':>8}"]
     for m in METRICS:
         va, vb = result["medians"][a][m], result["medians"][b][m]
+        if va is None or vb is None:
+            continue  # not measured in this run
         ratio = f"{vb / va:.3f}" if va else "-"
         pairs = [
             rb[m] / ra[m]
@@ -165,6 +189,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--labels", default="main,branch", help="names of the two, comma-separated")
     parser.add_argument("--rounds", type=int, default=4)
     parser.add_argument("--quick", action="store_true", help="short phases (3 s saturation)")
+    parser.add_argument(
+        "--latency", action="store_true", help="only the c=1 and light-load latencies (12 s light phase)"
+    )
     parser.add_argument("--out", type=Path, default=OUT)
     parser.add_argument("--summary", type=Path, help="print the summary of an earlier run's JSON and stop")
     args = parser.parse_args(argv)
@@ -180,7 +207,7 @@ def main(argv: list[str] | None = None) -> int:
 
     checkouts = {label_a: args.a.resolve(), label_b: args.b.resolve()}
     started = time.time()
-    result = uvloop.run(compare(checkouts, args.rounds, args.quick, args.out))
+    result = uvloop.run(compare(checkouts, args.rounds, args.quick, args.out, args.latency))
     result["wall_s"] = time.time() - started
     (args.out / "ab_server.json").write_text(json.dumps(result, indent=2) + "\n")
     print(summary(result))

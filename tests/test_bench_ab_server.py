@@ -28,3 +28,19 @@ def test_the_summary_pairs_the_rounds() -> None:
     assert lines["cpu_us_per_req"][1:] == ["420.000", "340.000", "0.810", "0.750"]
     assert lines["idle_rss_mb"][-1] == "-"  # read once, not per round: no paired ratio
     assert "3 alternated rounds" in summary(result)
+
+
+def test_a_latency_run_shows_only_what_it_measured() -> None:
+    """``--latency`` skips the saturation phases: their metrics are left out, not shown as zero."""
+    unmeasured = dict.fromkeys(("cpu_us_per_req", "rps", "cpu_us_per_stream", "streams_per_s"))
+    rounds = [run(1.0, **unmeasured), run(1.0, **unmeasured)]  # type: ignore[arg-type]
+    medians = {"idle_rss_mb": 50.0, **dict.fromkeys(METRICS[1:], 1.0), **unmeasured}
+    result = {
+        "rounds": 2,
+        "runs": {"main": rounds, "branch": rounds},
+        "medians": {"main": medians, "branch": medians},
+        "load_average": [1.0, 2.0],
+    }
+    shown = {line.split()[0] for line in summary(result).splitlines()}
+    assert "added_light_ttft_p50_ms" in shown and "idle_rss_mb" in shown
+    assert not shown & set(unmeasured)

@@ -15,13 +15,25 @@ from gateway.measure.meter import StreamMeter
 Clock = Callable[[], float]
 
 
-async def first_events(upstream: Upstream, meter: StreamMeter, call: UpstreamCall, clock: Clock) -> bytes:
-    """Read a new stream until its first complete event: until then a failure can still go elsewhere."""
-    first = b""
+async def first_events(
+    upstream: Upstream, meter: StreamMeter, call: UpstreamCall, clock: Clock
+) -> tuple[bytes, bytes]:
+    """Read a new stream until its first complete event: until then a failure can still go elsewhere.
+    Returns that event (the first ones the meter kept) and the rest of the read it came in, unmeasured:
+    the client gets its first token without waiting for the meter to parse a read that holds many
+    events (a fast upstream's whole answer, ~1 us per event); whoever relays the stream feeds the rest
+    to the meter before anything else."""
+    first = rest = b""
 
     def take(data: bytes) -> bool:
-        nonlocal first
-        first = meter.feed(data, clock())
+        nonlocal first, rest
+        while True:
+            cut = _first_event_end(data)
+            piece, data = (data[:cut], data[cut:]) if 0 < cut < len(data) else (data, b"")
+            first = meter.feed(piece, clock())
+            if first or not data or meter.failure(call.backend.name) is not None:
+                break
+        rest = data if first else b""
         return not first and meter.failure(call.backend.name) is None
 
     try:
@@ -39,4 +51,14 @@ async def first_events(upstream: Upstream, meter: StreamMeter, call: UpstreamCal
                     )
     except TimeoutError:
         raise AttemptFailure("timeout", f"{call.backend.name}: no first token in {call.wait_s:g}s") from None
-    return first
+    return first, rest
+
+
+def _first_event_end(data: bytes) -> int:
+    """Where the first event of ``data`` ends (past its blank line, LF or CRLF), or 0 if none does. Any
+    cut is correct (the meter joins an event cut by a read); this one only keeps the first event short."""
+    end = data.find(b"\n\n")
+    if end >= 0:
+        return end + 2
+    end = data.find(b"\r\n\r\n")
+    return end + 4 if end >= 0 else 0

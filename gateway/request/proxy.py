@@ -34,6 +34,7 @@ from gateway.errors import (
 from gateway.measure.meter import StreamMeter
 from gateway.money.costs import bounded_max_tokens
 from gateway.policy.compiled import CompiledBackend
+from gateway.request.answer_headers import response_headers
 from gateway.request.cache_keys import keys_for, with_cache_salt
 from gateway.request.connection import body_arrived
 from gateway.request.exchange import Exchange
@@ -95,12 +96,15 @@ async def answer_and_send(
         exchange.fail("internal_error")
         response = door.error_response(InternalError())
     if not isinstance(response, StreamRelay):
-        exchange.settle()  # before the answer goes out: whoever reads spend next sees this request
+        # Before the answer goes out: whoever reads spend next sees this request. Its metrics wait for
+        # the answer's write (``Exchange.count``, nothing awaited between: a scrape still sees them).
+        exchange.settle(count_later=True)
     exchange.answering = True  # a graceful stop now ends a stream through its upstream: an error event
     try:
         await response(scope, receive, send)
     finally:
         exchange.settle()  # a stream settles at its end; this is a no-op then
+        exchange.count()
 
 
 def refusal(exchange: Exchange, error: GatewayError) -> Response:
@@ -225,7 +229,7 @@ async def open_stream(exchange: Exchange, attempt: Attempt, call: UpstreamCall) 
         prompt_tokens=client.prompt_tokens,
         transcript=transcript_for(exchange),
     )
-    first = await first_events(upstream, meter, call, exchange.runtime.clock)
+    first, rest = await first_events(upstream, meter, call, exchange.runtime.clock)
     upstream.expect_chunks_within(call.backend.timeouts.idle_s)
     if meter.final_usage:  # a short stream's usage came in its first read: priced here, not by the relay
         meter.final_usage = False
@@ -236,7 +240,14 @@ async def open_stream(exchange: Exchange, attempt: Attempt, call: UpstreamCall) 
     if translator is not None:
         first = translator.translate(first)
     return StreamRelay(
-        exchange, upstream, headers=headers, first=first, meter=meter, attempt=attempt, translator=translator
+        exchange,
+        upstream,
+        headers=headers,
+        first=first,
+        rest=rest,
+        meter=meter,
+        attempt=attempt,
+        translator=translator,
     )
 
 
@@ -323,53 +334,6 @@ def upstream_body(client: ClientRequest, backend: CompiledBackend) -> bytes:
     if client.stream:
         payload["stream_options"] = {**(client.payload.get("stream_options") or {}), "include_usage": True}
     return orjson.dumps(payload)
-
-
-# An expected hit this large is shown in x-gateway-decision (smaller ones, a short system prompt say,
-# only in x-gateway-expected-cached-tokens): the paid APIs cache nothing under 1,024 tokens either.
-SHOWN_HIT_TOKENS = 1024
-
-
-def response_headers(exchange: Exchange, content_type: str) -> list[tuple[bytes, bytes]]:
-    observation = exchange.observation
-    assert observation is not None
-    reason = observation.decision_reason or ""
-    expected = observation.predicted_cached_tokens
-    if expected is not None and expected >= SHOWN_HIT_TOKENS:  # it counted on a cache hit: say so
-        reason = f"{reason}; expected cache hit {expected} tokens"
-    headers = [
-        (b"content-type", content_type.encode()),
-        (b"x-request-id", observation.request_id.encode()),
-        (b"x-gateway-route", observation.route.encode()),
-        (b"x-gateway-backend", (observation.backend or "").encode()),
-        (b"x-gateway-upstream-model", exchange.policy.backends[observation.backend or ""].model.encode()),
-        (b"x-gateway-decision", reason.encode()),
-        (b"x-gateway-attempts", str(len(observation.attempts)).encode()),
-    ]
-    if expected is not None:
-        headers.append((b"x-gateway-expected-cached-tokens", str(expected).encode()))
-    if observation.queued_s > 0:
-        headers.append((b"x-gateway-queued-s", f"{observation.queued_s:.3f}".encode()))
-    client = exchange.client
-    if client is not None and (client.notes or client.upstream_notes):
-        headers.append((b"x-gateway-notes", header_text("; ".join((*client.notes, *client.upstream_notes)))))
-    # Settled cost when known (non-streaming); before a stream ends, the decision's estimate.
-    settled = observation.cost_usd is not None
-    cost = observation.cost_usd if settled else observation.expected_cost_usd
-    if cost is not None:
-        basis = observation.cost_basis if settled else "expected"
-        headers += [
-            (b"x-gateway-cost-usd", f"{cost:.8f}".encode()),
-            (b"x-gateway-cost-basis", (basis or "").encode()),
-        ]
-    if content_type == "text/event-stream":
-        headers += [(b"cache-control", b"no-cache"), (b"x-accel-buffering", b"no")]
-    return headers
-
-
-def header_text(text: str) -> bytes:
-    """Printable ASCII only, and bounded: a note may quote what the client sent."""
-    return "".join(c if " " <= c <= "~" else "?" for c in text[:1000]).encode()
 
 
 def final_error(failure: AttemptFailure | None, attempts: int, wall_now: float) -> GatewayError:

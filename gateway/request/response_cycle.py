@@ -6,7 +6,9 @@ in one ``write``, its head held until the first piece of its body (uvicorn write
 ``send`` system calls and two packets for every whole answer); and the headers are checked for
 forbidden bytes with one search over all names and one over all values, not two per header (the
 patterns are single-character classes, so the joined bytes hold one exactly when a header does). A
-chunked response (a stream) writes its head at once, as before: ``DirectBody`` writes after it.
+chunked response (a stream) writes its head at once, as before (``DirectBody`` writes after it), unless
+its start message asks with ``HOLD_HEAD``: the relay sends its first event right after its start, and
+the two then leave in one write, one packet the client wakes for once (issue 39).
 """
 
 from __future__ import annotations
@@ -20,6 +22,10 @@ from uvicorn.protocols.http.httptools_impl import (
     RequestResponseCycle,
 )
 from uvicorn.protocols.utils import get_client_addr, get_path_with_query_string
+
+# A chunked response's start message with this key set: its head waits for the body's first piece (which
+# must follow at once: ``DirectBody`` writes only after it), and leaves with it.
+HOLD_HEAD = "gateway.hold_head"
 
 
 class GatewayCycle(RequestResponseCycle):
@@ -45,19 +51,23 @@ class GatewayCycle(RequestResponseCycle):
         self.response_started = True
         self.waiting_for_100_continue = False
         head = self._head(message["status"], [*self.default_headers, *message.get("headers", ())])
-        if self.chunked_encoding is False and self.scope["method"] != "HEAD":
+        if self.scope["method"] != "HEAD" and (self.chunked_encoding is False or HOLD_HEAD in message):
             self.held_head = head
         else:
             self.transport.write(head)
 
     async def _send_first_piece(self, head: bytes, message: Any) -> None:
-        """The held head and the body's first piece in one write, with uvicorn's checks of the length."""
+        """The held head and the body's first piece in one write, framed and checked as uvicorn does."""
         body = message.get("body", b"")
         more_body = message.get("more_body", False)
-        if len(body) > self.expected_content_length:
-            raise RuntimeError("Response content longer than Content-Length")
-        self.expected_content_length -= len(body)
-        self.transport.write(head + body if body else head)
+        if self.chunked_encoding:
+            piece = b"%x\r\n%b\r\n" % (len(body), body) if body else b""
+            self.transport.write(head + piece if more_body else head + piece + b"0\r\n\r\n")
+        else:
+            if len(body) > self.expected_content_length:
+                raise RuntimeError("Response content longer than Content-Length")
+            self.expected_content_length -= len(body)
+            self.transport.write(head + body if body else head)
         if not more_body:
             if self.expected_content_length != 0:
                 raise RuntimeError("Response content shorter than Content-Length")

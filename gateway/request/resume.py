@@ -64,6 +64,7 @@ class Resumed:
     attempt: Attempt
     first: bytes
     rewrite: ContinuedEvents
+    rest: bytes  # the rest of the first events' read, not yet measured (``first_events``)
 
 
 async def resume_stream(exchange: Exchange, meter: StreamMeter, failure: AttemptFailure) -> Resumed | None:
@@ -112,7 +113,7 @@ async def resume_stream(exchange: Exchange, meter: StreamMeter, failure: Attempt
         )
         try:
             upstream = await exchange.open(call)
-            first = await first_events(upstream, next_meter, call, runtime.clock)
+            first, rest = await first_events(upstream, next_meter, call, runtime.clock)
         except AttemptFailure as exc:
             attempt.status = "timeout" if exc.kind == "timeout" else "upstream_error"
             attempt.error, attempt.http_status = exc.message, exc.http_status
@@ -123,7 +124,7 @@ async def resume_stream(exchange: Exchange, meter: StreamMeter, failure: Attempt
             {"from": cut.backend, "to": name, "mode": attempt.resumed, "after_chunks": len(transcript.answer)}
         )
         rewrite = ContinuedEvents(exchange, transcript, next_meter, client.wants_usage)
-        return Resumed(upstream, next_meter, attempt, rewrite(first), rewrite)
+        return Resumed(upstream, next_meter, attempt, rewrite(first), rewrite, rest)
     return None
 
 

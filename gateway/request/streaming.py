@@ -16,6 +16,7 @@ from gateway.backends.base import Upstream
 from gateway.errors import AttemptFailure, error_event
 from gateway.measure.meter import StreamMeter
 from gateway.request.connection import DirectBody, direct_body
+from gateway.request.response_cycle import HOLD_HEAD
 from gateway.request.resume import resume_stream
 from gateway.runtime.drain import SHUTDOWN_CODE, SHUTDOWN_MESSAGE
 from gateway.values.dialect import insert_usage_cost
@@ -53,6 +54,7 @@ class StreamRelay:
         "_headers",
         "_meter",
         "_pending",
+        "_rest",
         "_rewrite",
         "_translator",
         "_upstream",
@@ -65,6 +67,7 @@ class StreamRelay:
         *,
         headers: list[tuple[bytes, bytes]],
         first: bytes,
+        rest: bytes = b"",
         meter: StreamMeter,
         attempt: Attempt,
         translator: StreamTranslator | None = None,
@@ -81,12 +84,15 @@ class StreamRelay:
         self._direct: DirectBody | None = None
         self._pending: list[bytes] = []  # events for the client that must go through ``send``
         self._failed: Exception | None = None  # raised in ``_take``, re-raised in the task
+        self._rest = rest  # the rest of the read the first events came in, not yet measured
 
     async def __call__(self, scope: Any, receive: Receive, send: Send) -> None:
         exchange = self._exchange
         self._direct = direct_body(scope)
         try:
-            await send({"type": "http.response.start", "status": 200, "headers": self._headers})
+            await send(
+                {"type": "http.response.start", "status": 200, "headers": self._headers, HOLD_HEAD: True}
+            )
             await send({"type": "http.response.body", "body": self._first, "more_body": True})
             await self._relay(send)
         except asyncio.CancelledError:
@@ -135,7 +141,7 @@ class StreamRelay:
                 await send({"type": "http.response.body", "body": event, "more_body": True})
                 break
             self._upstream, self._meter, self._attempt = resumed.upstream, resumed.meter, resumed.attempt
-            self._rewrite = resumed.rewrite
+            self._rewrite, self._rest = resumed.rewrite, resumed.rest
             first = self._outgoing(resumed.first, rewritten=True)
             if first:
                 await send({"type": "http.response.body", "body": first, "more_body": True})
@@ -154,7 +160,12 @@ class StreamRelay:
         meter = self._meter
         try:
             while not meter.saw_done():  # a short stream may have ended within its very first read
-                ended = await self._upstream.push(self._take)
+                rest, self._rest = self._rest, b""
+                if rest:  # what came with the first events (``first_events``): before any later read
+                    ended = False
+                    self._take(rest)  # what it says is in the checks below
+                else:
+                    ended = await self._upstream.push(self._take)
                 failed, self._failed = self._failed, None
                 if failed is not None:
                     raise failed

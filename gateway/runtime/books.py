@@ -110,8 +110,11 @@ class Books:
         budget: Reservation | None,
         tokens: HeldTokens | None,
         keys: PromptKeys = NO_KEYS,
+        *,
+        count: bool = True,
     ) -> None:
-        """Close the books on a finished request: its reservations, ledger row, live spend, metrics."""
+        """Close the books on a finished request: its reservations, ledger row, live spend, metrics (unless
+        not ``count``: the caller gives the observation to ``metrics.request_finished`` itself)."""
         started_wall = self.wall_clock() - (self.clock() - observation.started_at)
         self.budgets.settle(budget, observation, started_wall)
         self.rate_limits.settle(tokens, observation)
@@ -125,7 +128,8 @@ class Books:
         if observation.route:  # a request refused before naming a route has no spend to show
             self.spend.add(started_wall, observation.route, row.cost_usd)
         self.recent.append(observation)
-        self.metrics.request_finished(observation)
+        if count:
+            self.metrics.request_finished(observation)
         final = observation.final
         if final is not None and final.usage is not None:
             self.demand.finished(observation.route, final.usage.completion_tokens)

@@ -1,8 +1,8 @@
 """The client's connection as ``gateway serve`` runs it (``request/connection.py``,
 ``request/response_cycle.py``), driven on a transport that records its writes: a whole answer leaves in
-one write, a stream's head at once, forbidden header bytes are refused as uvicorn refuses them, and a
-client that hangs up before its answer completed is told to the request through its ``ClientWatch``,
-once, and only then."""
+one write, a stream's head at once (or with its first event, when it asks), forbidden header bytes are
+refused as uvicorn refuses them, and a client that hangs up before its answer completed is told to the
+request through its ``ClientWatch``, once, and only then."""
 
 from __future__ import annotations
 
@@ -15,6 +15,7 @@ import uvicorn
 from uvicorn.server import ServerState
 
 from gateway.request.connection import ConnectionLimits, GuardedHttpToolsProtocol, body_arrived, client_watch
+from gateway.request.response_cycle import HOLD_HEAD
 
 App = Callable[[dict[str, Any], Any, Any], Awaitable[None]]
 REQUEST = b"POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\ncontent-length: 2\r\n\r\n{}"
@@ -119,6 +120,32 @@ async def test_a_stream_writes_its_head_at_once() -> None:
     gate.set()
     await settle()
     assert transport.writes[1] == b"9\r\ndata: 1\n\n\r\n0\r\n\r\n"
+
+
+@pytest.mark.parametrize("more", [True, False])
+async def test_a_stream_that_holds_its_head_sends_it_with_its_first_event(more: bool) -> None:
+    """The relay's way: its head and first event in one write (one packet the client wakes for), then
+    each later piece framed as before."""
+    head = [(b"content-type", b"text/event-stream")]
+
+    async def app(scope: dict[str, Any], receive: Any, send: Any) -> None:
+        await receive()
+        await send({"type": "http.response.start", "status": 200, "headers": head, HOLD_HEAD: True})
+        await send({"type": "http.response.body", "body": b"data: 1\n\n", "more_body": more})
+        if more:
+            await send({"type": "http.response.body", "body": b"data: 2\n\n", "more_body": False})
+
+    protocol, transport = await connected(app)
+    protocol.data_received(REQUEST)
+    await settle()
+    first, _sep, body = transport.writes[0].partition(b"\r\n\r\n")
+    assert b"transfer-encoding: chunked" in first
+    if more:
+        assert body == b"9\r\ndata: 1\n\n\r\n"
+        assert transport.writes[1:] == [b"9\r\ndata: 2\n\n\r\n0\r\n\r\n"]
+    else:
+        assert transport.writes[1:] == [] and body == b"9\r\ndata: 1\n\n\r\n0\r\n\r\n"
+    assert protocol.cycle.response_complete and not transport.closed
 
 
 @pytest.mark.parametrize("header", [(b"x-bad name", b"v"), (b"x-ok", b"split\r\ninjected: 1")])
