@@ -81,9 +81,14 @@ tuning:
     upstreams.reset()
 
 
+def loop_of(gateway: Gateway) -> asyncio.AbstractEventLoop:
+    loop: asyncio.AbstractEventLoop = gateway.server.server.servers[0].get_loop()
+    return loop
+
+
 def modules_entered(gateway: Gateway, body: dict[str, Any]) -> list[str]:
     """The gateway modules one request enters, each once, in the order of its first entry."""
-    loop: asyncio.AbstractEventLoop = gateway.server.server.servers[0].get_loop()
+    loop = loop_of(gateway)
     entered: dict[str, None] = {}
     background: set[asyncio.Task[Any]] = set()
 
@@ -133,7 +138,7 @@ def wait_until_tasks_end(gateway: Gateway, before: set[asyncio.Task[Any]]) -> No
     A stream is answered at its [DONE], but its task goes on reading the upstream's last bytes (the
     chunked body's end); on a loaded machine those can arrive after the next request's profiling began,
     and the network callback that reads them would be counted as that request's."""
-    loop: asyncio.AbstractEventLoop = gateway.server.server.servers[0].get_loop()
+    loop = loop_of(gateway)
     deadline = time.monotonic() + 15
     while asyncio.run_coroutine_threadsafe(_tasks(), loop).result(10) - before:
         assert time.monotonic() < deadline, "the first request's task did not end"
@@ -147,8 +152,7 @@ async def _tasks() -> set[asyncio.Task[Any]]:
 
 def test_a_streamed_request_enters_the_modules_the_readme_lists_in_that_order(quiet_gateway: Gateway) -> None:
     body = {"model": "chat", "messages": HELLO, "stream": True}
-    loop: asyncio.AbstractEventLoop = quiet_gateway.server.server.servers[0].get_loop()
-    before = asyncio.run_coroutine_threadsafe(_tasks(), loop).result(10)
+    before = asyncio.run_coroutine_threadsafe(_tasks(), loop_of(quiet_gateway)).result(10)
     httpx.post(quiet_gateway.base_url + "/chat/completions", json=body, timeout=30).raise_for_status()
     wait_until_tasks_end(quiet_gateway, before)
     entered = modules_entered(quiet_gateway, body)

@@ -126,4 +126,4 @@ class DecayedMean:
         else:  # no time passed (or an older value): nothing decays, as a decay of exactly 1.0 would
             self._sum += value
             self._weight += 1.0
-        self.value = self._sum / self._weight if self._weight > 0 else None
+        self.value = self._sum / self._weight  # at least 1 once a value is in
