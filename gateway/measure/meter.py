@@ -179,8 +179,11 @@ class StreamMeter:
         if not isinstance(choice, dict):
             return
         transcript = self.transcript
-        if transcript is not None and (reason := choice.get("finish_reason")):
-            transcript.finish_reason = reason
+        if transcript is not None:
+            if index := choice.get("index"):  # a second choice or later (n > 1)
+                transcript = transcript.choice(index)
+            if reason := choice.get("finish_reason"):
+                transcript.finish_reason = reason
         delta = choice.get("delta")
         if isinstance(delta, dict):
             content = delta.get("content")

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from gateway.telemetry.content import KEPT_STREAM_CHARS
+
 
 class Transcript:
     """What the client has been sent of one chat stream, for a backend that takes it over; or, where the
@@ -19,9 +21,11 @@ class Transcript:
         "created",
         "finish_reason",
         "model",
+        "more",
         "reasoning",
         "resumable",
         "resumes",
+        "root",
         "stream_id",
         "takeovers",
     )
@@ -39,6 +43,27 @@ class Transcript:
         self.resumes = resumes  # False: kept for the trace alone, never resumed from
         self._room = keep_chars  # characters of answer still kept; None: all of it (a resume needs it)
         self.finish_reason: str | None = None  # the last one a chunk said, for the trace
+        # A stream of several choices (``n``): the first choice is this one, each other one a
+        # transcript of its own, for the trace only (kept from one room: ``root``'s). Such a stream is
+        # never resumed: a continuation goes on from one text, not several.
+        self.more: dict[int, Transcript] | None = None
+        self.root = self
+
+    def choice(self, index: Any) -> Transcript:
+        """The transcript of the choice at ``index`` (``choices[].index``): this one for the first."""
+        if not index or not isinstance(index, int):
+            return self
+        self.resumable = False
+        more = self.more
+        if more is None:
+            more = self.more = {}
+            if self._room is None:  # kept whole for a resume that can no longer be: bounded from now
+                self._room = KEPT_STREAM_CHARS - sum(map(len, self.answer))
+        found = more.get(index)
+        if found is None:
+            found = more[index] = Transcript(resumes=False, keep_chars=0)
+            found.root = self
+        return found
 
     def started(self, event: dict[str, Any]) -> None:
         self.stream_id = event.get("id")
@@ -57,11 +82,13 @@ class Transcript:
                 self.answer.append(kept)
 
     def _kept(self, text: str) -> str:
-        """As much of ``text`` as the room left holds (all of it where a resume needs it)."""
-        room = self._room
+        """As much of ``text`` as the room left holds (all of it where a resume needs it); the choices
+        of one stream share the first one's room."""
+        root = self.root
+        room = root._room
         if room is None:
             return text
-        self._room = room - len(text)
+        root._room = room - len(text)
         return text[: max(room, 0)]
 
     def _called(self, deltas: list[Any]) -> None:

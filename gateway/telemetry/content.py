@@ -27,7 +27,8 @@ KEPT_STREAM_CHARS = MAX_ANSWER_CHARS + 1
 # (read here, in the exporter's thread), or a stream's text, its finish reason and its tool calls (id,
 # name, arguments; with the text, at most KEPT_STREAM_CHARS characters).
 StreamedCall = tuple[str | None, str | None, str]
-AnswerRecord = bytes | tuple[str, str | None, tuple[StreamedCall, ...]]
+StreamedChoice = tuple[str, str | None, tuple[StreamedCall, ...]]
+AnswerRecord = bytes | tuple[StreamedChoice, ...]  # a stream: one per choice, in index order
 
 
 def output_messages(answer: AnswerRecord, operation: str, ok: bool) -> str | None:
@@ -37,16 +38,19 @@ def output_messages(answer: AnswerRecord, operation: str, ok: bool) -> str | Non
         return None
     unsaid = "stop" if ok else "error"
     if isinstance(answer, tuple):
-        text, finish_reason, calls = answer
-        cut = len(text) > MAX_ANSWER_CHARS
-        streamed = [_text(text[:MAX_ANSWER_CHARS])] if text or not calls else []
-        left = MAX_ANSWER_CHARS - len(text)
-        for call_id, name, called in calls:
-            kept = called[: max(left, 0)]
-            cut = cut or len(kept) < len(called)
-            left -= len(called)
-            streamed.append({"type": "tool_call", "id": call_id, "name": name, "arguments": kept})
-        return _json([_message(streamed, finish_reason or unsaid, cut)])
+        left = MAX_ANSWER_CHARS  # the request's room, over all its choices
+        choices_said = []
+        for text, finish_reason, calls in answer:
+            cut = len(text) > left
+            streamed = [_text(text[: max(left, 0)])] if text or not calls else []
+            left -= len(text)
+            for call_id, name, called in calls:
+                kept = called[: max(left, 0)]
+                cut = cut or len(kept) < len(called)
+                left -= len(called)
+                streamed.append({"type": "tool_call", "id": call_id, "name": name, "arguments": kept})
+            choices_said.append(_message(streamed, finish_reason or unsaid, cut))
+        return _json(choices_said)
     try:
         body = orjson.loads(answer)
     except orjson.JSONDecodeError:

@@ -16,7 +16,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Protocol
 
-from gateway.telemetry.content import KEPT_STREAM_CHARS, AnswerRecord, input_messages
+from gateway.telemetry.content import KEPT_STREAM_CHARS, AnswerRecord, StreamedChoice, input_messages
 from gateway.telemetry.spans import OPERATIONS
 from gateway.values.observation import Attempt, Observation
 
@@ -98,6 +98,7 @@ class StreamedAnswer(Protocol):
     answer: list[str]
     calls: list[list[Any]]  # [index, id, name, argument fragments] of each tool call
     finish_reason: str | None
+    more: Any  # the other choices of a stream of several (n > 1), by index: each a StreamedAnswer
 
 
 def request_record(
@@ -209,6 +210,13 @@ def _answer(answer: bytes | StreamedAnswer | None) -> AnswerRecord | None:
     if answer is None or isinstance(answer, bytes):
         return answer
     # The stream's text joined now (its meter's list is the request's, not the exporter's), as much as
-    # the writer keeps: a stream that may be resumed keeps the whole answer.
+    # the writer keeps: a stream that may be resumed keeps the whole answer. One entry per choice.
+    choices = [answer]
+    if answer.more:
+        choices += [answer.more[index] for index in sorted(answer.more)]
+    return tuple([_choice(choice) for choice in choices])
+
+
+def _choice(answer: StreamedAnswer) -> StreamedChoice:
     calls = tuple([(c[1], c[2], "".join(c[3])) for c in answer.calls])
     return "".join(answer.answer)[:KEPT_STREAM_CHARS], answer.finish_reason, calls

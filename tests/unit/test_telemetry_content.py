@@ -57,17 +57,17 @@ def test_a_completion_and_what_holds_no_message() -> None:
     assert output_messages(b'{"data": [{"embedding": [0.1]}]}', "embeddings", ok=True) is None
     assert output_messages(b"not json", "chat", ok=True) is None
     # A stream cut before its last chunk said why it ended: the schema wants a reason all the same.
-    (cut,) = json.loads(output_messages(("half an ans", None, ()), "chat", ok=False) or "")
+    (cut,) = json.loads(output_messages((("half an ans", None, ()),), "chat", ok=False) or "")
     assert cut["finish_reason"] == "error" and cut["parts"][0]["content"] == "half an ans"
 
 
 def test_an_answer_is_cut_at_the_bound_and_says_so() -> None:
     long = "x" * (MAX_ANSWER_CHARS + 500)
     body = orjson.dumps({"choices": [{"message": {"content": long}, "finish_reason": "stop"}]})
-    for answer in (body, (long[:KEPT_STREAM_CHARS], "stop", ())):
+    for answer in (body, ((long[:KEPT_STREAM_CHARS], "stop", ()),)):
         (said,) = json.loads(output_messages(answer, "chat", ok=True) or "")
         assert len(said["parts"][0]["content"]) == MAX_ANSWER_CHARS and said["gateway.truncated"] is True
-    (whole,) = json.loads(output_messages(("x" * MAX_ANSWER_CHARS, "stop", ()), "chat", ok=True) or "")
+    (whole,) = json.loads(output_messages((("x" * MAX_ANSWER_CHARS, "stop", ()),), "chat", ok=True) or "")
     assert "gateway.truncated" not in whole
 
 
@@ -96,7 +96,7 @@ def test_a_stream_that_may_be_resumed_keeps_all_of_it_and_the_record_what_the_tr
         (bytes(16), bytes(8), b"", "", 0.0), {}, (), observation, None, {}, None, resumable
     )
     assert len(resumable.answer[0]) == KEPT_STREAM_CHARS + 7, "a resume needs the whole answer"
-    assert record[-1] == ("y" * KEPT_STREAM_CHARS, "stop", ())
+    assert record[-1] == (("y" * KEPT_STREAM_CHARS, "stop", ()),)
 
 
 def test_a_chat_prompt_becomes_input_messages_of_parts() -> None:
@@ -209,3 +209,33 @@ def test_a_streamed_tool_call_is_in_the_output_messages() -> None:
         or ""
     )
     assert said["parts"][1]["arguments"] == "01234" and said["gateway.truncated"] is True
+
+
+def test_a_stream_of_two_choices_keeps_each_apart_and_is_not_resumed() -> None:
+    """``n: 2``: each chunk names its choice (``choices[].index``). The texts are two messages in the
+    trace, not one mixed; a continuation goes on from one text, so such a stream is never resumed, and
+    the choices share the one room a request has in its trace (its first choice, kept whole until the
+    second appeared, is bounded from then on)."""
+    attempt = Attempt("b", 0.0)
+    transcript = Transcript()  # may be resumed (a route with resume_streams), and traced
+    meter = StreamMeter(attempt, client_wants_usage=False, prompt_tokens=5, transcript=transcript)
+    meter.feed(chunk(delta={"role": "assistant", "content": "Red "}), 0.1)
+    assert transcript.resumable
+    meter.feed(chunk(delta={"role": "assistant", "content": "Blue "}, index=1), 0.1)
+    meter.feed(chunk(delta={"content": "apple"}) + chunk(delta={"content": "sky"}, index=1), 0.2)
+    meter.feed(chunk(delta={}, finish_reason="stop") + chunk(delta={}, finish_reason="length", index=1), 0.3)
+    assert not transcript.resumable, "two texts cannot be continued as one"
+    assert "".join(transcript.answer) == "Red apple", "the first choice's text alone"
+    observation = Observation("r", "route", "chat", True, 1.0, finished_at=2.0)
+    record = request_record(
+        (bytes(16), bytes(8), b"", "", 0.0), {}, (), observation, None, {}, None, transcript
+    )
+    first, second = json.loads(output_messages(record[-1], "chat", ok=True) or "")
+    assert first["parts"] == [{"type": "text", "content": "Red apple"}] and first["finish_reason"] == "stop"
+    assert second["parts"] == [{"type": "text", "content": "Blue sky"}]
+    assert second["finish_reason"] == "length"
+    # one room for the request: a second choice takes what the first left
+    bounded = Transcript()
+    bounded.answered("a" * (KEPT_STREAM_CHARS - 3), None)
+    bounded.choice(1).answered("bcdefg", None)
+    assert "".join(bounded.choice(1).answer) == "bcd"
