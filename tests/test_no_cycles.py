@@ -17,12 +17,14 @@ import httpx
 import pytest
 
 from gateway.measure.meter import StreamMeter
+from gateway.request.connection import ClientWatch, DirectBody
 from gateway.request.exchange import Exchange
 from gateway.request.streaming import StreamRelay
 from tests.conftest import Gateway, Upstreams
 from tests.test_exchange import HELLO, LeavingClient, eventually, no_probes, set_faults
 
-HELD = (Exchange, StreamRelay, StreamMeter)
+# ClientWatch and DirectBody: the connection's offers to each request, kept in its ASGI scope
+HELD = (Exchange, StreamRelay, StreamMeter, ClientWatch, DirectBody)
 __all__ = ["no_probes"]  # the fixture, used by name
 
 

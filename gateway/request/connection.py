@@ -41,19 +41,23 @@ class DirectBody:
     """Writes a chunked response body straight to the client's transport, past the ASGI ``send``: one
     ``write`` per piece, no message dict, no coroutine. Only while uvicorn's own ``send`` would write at
     once (response started and chunked, not complete, the client there and its buffer not full); else
-    ``write`` says False and the caller goes through ``send``, which waits for the client to drain."""
+    ``write`` says False and the caller goes through ``send``, which waits for the client to drain.
 
-    __slots__ = ("_protocol", "_scope")
+    It knows its request by the connection's number for it (``GuardedHttpToolsProtocol.number``), not
+    by its scope: the scope holds it, and holding the scope back made a reference cycle per request."""
 
-    def __init__(self, protocol: HttpToolsProtocol, scope: MutableMapping[str, Any]) -> None:
+    __slots__ = ("_number", "_protocol")
+
+    def __init__(self, protocol: GuardedHttpToolsProtocol, number: int) -> None:
         self._protocol = protocol
-        self._scope = scope
+        self._number = number
 
     def write(self, body: bytes) -> bool:
-        cycle = self._protocol.cycle
+        protocol = self._protocol
+        cycle = protocol.cycle
         if (
             cycle is None
-            or cycle.scope is not self._scope  # a later pipelined request's: not ours to write
+            or protocol.number != self._number  # a later pipelined request's cycle: not ours to write
             or not cycle.response_started
             or cycle.response_complete
             or cycle.disconnected
@@ -79,25 +83,27 @@ class ClientWatch:
     lost before the request's response completed: what a task awaiting ``receive()`` for
     ``http.disconnect`` would learn, without that task (one task, an event and a cancellation less per
     request). The callback is dropped by ``cancel`` (the request settled) or when the connection carries
-    a later request. ``body_arrived``: the whole body is here already, so ``receive()`` cannot wait."""
+    a later request. ``body_arrived``: the whole body is here already, so ``receive()`` cannot wait.
+    Its request is the connection's ``number``, as for ``DirectBody``."""
 
-    __slots__ = ("_protocol", "_scope")
+    __slots__ = ("_number", "_protocol")
 
-    def __init__(self, protocol: GuardedHttpToolsProtocol, scope: MutableMapping[str, Any]) -> None:
+    def __init__(self, protocol: GuardedHttpToolsProtocol, number: int) -> None:
         self._protocol = protocol
-        self._scope = scope
+        self._number = number
 
     def watch(self, on_gone: Callable[[], None]) -> None:
-        self._protocol.client_watch = (self._scope, on_gone)
+        self._protocol.client_watch = (self._number, on_gone)
 
     def cancel(self) -> None:
         watching = self._protocol.client_watch
-        if watching is not None and watching[0] is self._scope:
+        if watching is not None and watching[0] == self._number:
             self._protocol.client_watch = None
 
     def body_arrived(self) -> bool:
-        cycle = self._protocol.cycle
-        return cycle is not None and cycle.scope is self._scope and not cycle.more_body
+        protocol = self._protocol
+        cycle = protocol.cycle
+        return cycle is not None and protocol.number == self._number and not cycle.more_body
 
 
 def client_watch(scope: MutableMapping[str, Any]) -> ClientWatch | None:
@@ -127,7 +133,11 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
         self._header_deadline: asyncio.TimerHandle | None = None
         self._header_bytes = 0
         self._refused = False
-        self.client_watch: tuple[MutableMapping[str, Any], Callable[[], None]] | None = None
+        self.client_watch: tuple[int, Callable[[], None]] | None = None
+        # Each request's number on this connection; ``number`` is that of the request whose cycle is
+        # ``cycle`` (the last one parsed: a pipelined request's, while the one before it still runs).
+        self.requests_parsed = 0
+        self.number = 0
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
@@ -138,8 +148,15 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
         watching, self.client_watch = self.client_watch, None
         cycle = self.cycle
         super().connection_lost(exc)
-        if watching is not None and cycle is not None and cycle.scope is watching[0] and cycle.disconnected:
+        if watching is not None and cycle is not None and self.number == watching[0] and cycle.disconnected:
             watching[1]()  # uvicorn marks only an unfinished response's cycle disconnected
+        # The protocol keeps its last request's scope, whose extensions name the protocol back: a
+        # closed connection would leave that request to the cyclic collector.
+        scope: Any = self.scope  # None before the first request
+        extensions = scope.get("extensions") if scope else None
+        if extensions:
+            extensions.pop(DIRECT_BODY, None)
+            extensions.pop(CLIENT_WATCH, None)
 
     def data_received(self, data: bytes) -> None:
         if not self._refused:  # after a refusal the connection is closing: nothing more is parsed
@@ -161,11 +178,15 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
     def on_headers_complete(self) -> None:
         self._disarm_header_deadline()
         scope: Any = self.scope
+        self.requests_parsed = number = self.requests_parsed + 1
         extensions = scope.setdefault("extensions", {})
-        extensions[DIRECT_BODY] = DirectBody(self, scope)
-        extensions[CLIENT_WATCH] = ClientWatch(self, scope)
+        extensions[DIRECT_BODY] = DirectBody(self, number)
+        extensions[CLIENT_WATCH] = ClientWatch(self, number)
         if self.limit_concurrency is not None or self.parser.should_upgrade():
+            previous = self.cycle
             super().on_headers_complete()  # uvicorn's own handling: an upgrade, its concurrency limit
+            if self.cycle is not previous:
+                self.number = number
             return
         # uvicorn 0.54's on_headers_complete for a plain request, with ``GatewayCycle`` for its response.
         parser = self.parser
@@ -194,6 +215,7 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
             keep_alive=http_version != "1.0" and parser.should_keep_alive(),
             on_response=self.on_response_complete,
         )
+        self.number = number
         if previous is None or previous.response_complete:
             self._start_asgi_task(self.cycle, self.app)
         else:  # a pipelined request waits for the answer before it
