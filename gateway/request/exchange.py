@@ -235,6 +235,7 @@ class Exchange:
         observation, self._uncounted = self._uncounted, None
         if observation is not None:
             self.runtime.metrics.request_finished(observation)
+            self._finish_trace(observation)
 
     def fail(self, error_type: str) -> None:
         """The request ends in an error the client is told about (the first one named counts)."""
@@ -247,7 +248,8 @@ class Exchange:
         """Close the books on this request, once: the attempt in flight, the reservations, the ledger
         row, live spend and metrics. Safe to call from every exit; only the first call acts. With
         ``count_later``, the metrics wait for ``count``: a whole answer's write need not wait for them
-        (~20 us of a c=1 request's added latency, issue 39), and no reader needs them before it."""
+        (~20 us of a c=1 request's added latency, issue 39), and no reader needs them before it; nor
+        its trace's spans, written then too."""
         if self.settled:
             return
         self.settled = True
@@ -286,6 +288,11 @@ class Exchange:
             count=not count_later,
         )
         if count_later:
-            self._uncounted = observation
+            self._uncounted = observation  # its metrics and its trace: after the answer's write
+        else:
+            self._finish_trace(observation)
+
+    def _finish_trace(self, observation: Observation) -> None:
         if self.trace is not None:
+            client = self.client
             self.trace.finish(observation, self.decision, client.payload if client else None, self.policy)

@@ -78,6 +78,11 @@ class SpanExporter(Generic[Pending]):
     def queued(self) -> int:
         return len(self._queue)
 
+    @property
+    def full(self) -> bool:
+        """Whatever is put now is dropped (and counted)."""
+        return len(self._queue) >= self._max
+
     def _run(self) -> None:
         while True:
             woken = self._wake.wait(self._settings.flush_interval_s)

@@ -1,12 +1,15 @@
 """The tracer the runtime holds when tracing is on, and the ``RequestTrace`` each request carries.
 
 On the request path it does three small things: reads the client's traceparent and samples at arrival
-(``begin``), gives each attempt's call its traceparent (``headers``, for backends that take one) and
-queues the settled request's record (``finish``, ``record``). Spans are written later, in the exporter's
-thread (``encode``)."""
+(``begin``), gives each attempt's call its traceparent (``headers``, for backends that take one) and,
+once the answer has gone out, writes the settled request's spans (``finish``: its flat ``record``,
+written by ``encode``) and queues them for the exporter's thread, which posts them in batches. A trace
+that holds the prompt and answer (``telemetry.content``) queues its record instead: its JSON is written
+in the exporter's thread, off the event loop."""
 
 from __future__ import annotations
 
+import logging
 import os
 import socket
 from collections.abc import Callable
@@ -37,6 +40,7 @@ if TYPE_CHECKING:
     from gateway.policy.decide import Decision
     from gateway.policy.telemetry import Telemetry
 
+log = logging.getLogger("gateway")
 # The fields a door's payload holds its prompt in: chat messages, a completion's prompt, Responses input.
 PROMPT_FIELDS = ("messages", "prompt", "input")
 
@@ -57,9 +61,7 @@ class Tracer:
             "telemetry.sdk.name": "llm-gateway",
             "telemetry.sdk.language": "python",
         }
-        self.exporter: SpanExporter[RequestRecord | PendingProbe] = SpanExporter(
-            settings, resource, span_messages, span_count
-        )
+        self.exporter: SpanExporter[Pending] = SpanExporter(settings, resource, span_messages, span_count)
 
     def begin(self, traceparent_header: str | None, tracestate_header: str | None) -> RequestTrace | None:
         """At arrival: the request's trace (the client's continued, else a new one), or None when it
@@ -174,7 +176,20 @@ class RequestTrace:
             prompt,
             answer,
         )
-        self._tracer.exporter.put(record)
+        exporter = self._tracer.exporter
+        if prompt is not None or answer is not None or exporter.full:
+            exporter.put(record)  # its content is written as JSON off the loop, in the exporter's thread
+            return
+        # Written now, while what the spans are written from is in the CPU's caches (the answer has
+        # gone out: nobody waits on this): in the exporter's thread, a batch later, the same writing
+        # took about twice as long, on records and blocks other requests' work had pushed out.
+        try:
+            messages = request_messages(record)
+        except Exception:  # a bug in writing one request's spans must not fail the request
+            log.exception("could not write a trace's spans")
+            exporter.dropped_spans["export_failed"] += span_count(record)
+            return
+        exporter.put(messages)
 
 
 class PendingProbe:
@@ -202,12 +217,21 @@ class PendingProbe:
         return [span_bytes(span)]
 
 
-def span_messages(pending: RequestRecord | PendingProbe) -> list[bytes]:
+# What the request path queues for the exporter: a request's spans already written, or what they are
+# written from in the exporter's thread (a request whose trace holds its prompt and answer; a probe).
+Pending = list[bytes] | RequestRecord | PendingProbe
+
+
+def span_messages(pending: Pending) -> list[bytes]:
     """In the exporter's thread: the spans of a settled request or a probe, as OTLP ``Span`` messages."""
+    if isinstance(pending, list):
+        return pending
     return request_messages(pending) if isinstance(pending, tuple) else pending.span_messages()
 
 
-def span_count(pending: RequestRecord | PendingProbe) -> int:
+def span_count(pending: Pending) -> int:
+    if isinstance(pending, list):
+        return len(pending)
     return 1 + len(pending[22]) + len(pending[23]) if isinstance(pending, tuple) else 1
 
 

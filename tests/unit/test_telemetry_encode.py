@@ -16,6 +16,7 @@ from gateway.policy.decide import Decision
 from gateway.policy.evaluate import CandidateEval
 from gateway.policy.load import load_policy
 from gateway.policy.schema import Slo
+from gateway.telemetry import tracer as tracer_module
 from gateway.telemetry.content import input_messages, output_messages
 from gateway.telemetry.encode import request_messages
 from gateway.telemetry.otlp import envelope, export_body, export_request, len_field
@@ -186,9 +187,19 @@ def test_a_record_holds_only_immutable_values_taken_when_the_request_settles() -
     assert record == record_of(ids, settled(2)[1], eager, backends, [{"role": "user"}], b'{"choices": []}')
 
 
-def test_a_traced_request_takes_its_decision_into_its_record_when_it_is_made() -> None:
+def test_a_traced_request_takes_its_decision_into_its_record_when_it_is_made(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     """``RequestTrace.decided``: the candidates are evaluated while what the decision read is at hand,
-    and the record the request settles with holds that decision's record."""
+    and the record the request settles with (its spans written from it at once) holds that decision's
+    record."""
+    written: list[RequestRecord] = []
+
+    def write(record: RequestRecord) -> list[bytes]:
+        written.append(record)
+        return [b"x"]
+
+    monkeypatch.setattr(tracer_module, "request_messages", write)
     policy = load_policy(POLICY)
     ids, observation, eager = settled(3)
     built: list[int] = []
@@ -199,16 +210,17 @@ def test_a_traced_request_takes_its_decision_into_its_record_when_it_is_made() -
 
     lazy = Decision(eager.order, eager.reason, candidates, eager.expected_cost_usd, eager.cached_tokens)
     queued: list[object] = []
-    tracer = SimpleNamespace(content=False, exporter=SimpleNamespace(put=queued.append))
+    tracer = SimpleNamespace(content=False, exporter=SimpleNamespace(put=queued.append, full=False))
     id_values = (ids.trace_id, ids.server_span_id, ids.parent_span_id, ids.trace_state, ids.wall_offset_s)
     trace = RequestTrace(cast(Tracer, tracer), id_values, None)
     trace.decided(lazy)
     assert built == [1], "evaluated when decided"
     later = Decision(("bench-upstream-paced",), "exploration", (), None)
     trace.finish(observation, later, None, policy)
-    (record,) = queued
-    assert cast(RequestRecord, record)[24] == decision_record(eager)
-    assert cast(RequestRecord, record)[:22] == record_of(ids, observation, eager, policy.backends)[:22]
+    assert queued == [[b"x"]], "its spans, written at once, are queued"
+    (record,) = written
+    assert record[24] == decision_record(eager)
+    assert record[:22] == record_of(ids, observation, eager, policy.backends)[:22]
 
 
 @pytest.mark.parametrize("sizes", [(), (0,), (127, 128), (16_383, 16_384), (900, 300, 1_400) * 300])
