@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import math
+from collections.abc import Iterable
 from typing import Any
 
 import orjson
@@ -60,7 +61,7 @@ async def serve(runtime: Runtime, door: Door, scope: Scope, receive: Receive, se
         await shed(runtime, door, scope, receive, send)  # at the bound of requests in flight: body unread
         return
     request = Request(scope, receive)
-    exchange = Exchange(runtime, door, request_id(request.headers, runtime))
+    exchange = Exchange(runtime, door, request_id(scope["headers"], runtime))
     if runtime.tracer is not None:  # off by default: this check is all tracing costs then
         exchange.trace = runtime.tracer.begin(*trace_headers(scope["headers"]))
     drain = runtime.drain  # a graceful stop waits for every request in flight, then ends the rest
@@ -355,9 +356,15 @@ def retry_after_header(upstream_value: str | None, wall_now: float) -> str | Non
     return str(max(1, math.ceil(min(retry_after_seconds(upstream_value, wall_now), 3600.0))))
 
 
-def request_id(headers: Headers, runtime: Runtime) -> str:
-    """The client's ``x-request-id`` when it looks like one, so logs can be joined; else a new one."""
-    given = headers.get("x-request-id", "")
+def request_id(raw_headers: Iterable[tuple[bytes, bytes]], runtime: Runtime) -> str:
+    """The client's ``x-request-id`` when it looks like one, so logs can be joined; else a new one.
+    Read from the ASGI headers (lower-case names) in one pass: Starlette's ``Headers.get`` raised and
+    caught a KeyError for every request that sends none, most of them."""
+    given = ""
+    for name, value in raw_headers:
+        if name == b"x-request-id":
+            given = value.decode("latin-1")
+            break
     # ASCII letters, digits, - and _ only: it goes back in a response header and into logs.
     if 0 < len(given) <= 64 and given.isascii() and given.replace("-", "").replace("_", "").isalnum():
         return given

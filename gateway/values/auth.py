@@ -60,11 +60,18 @@ def new_key() -> str:
 
 def presented_key(headers: Headers) -> str | None:
     """The client's key from ``Authorization: Bearer`` or ``x-api-key``; None when absent."""
-    authorization = headers.get("authorization")
+    # One pass over the raw headers (lower-case names; the first of each counts, as Headers.get reads):
+    # Headers.get raised and caught a KeyError for each header a request did not send.
+    authorization = api_key = None
+    for name, raw in headers.raw:
+        if name == b"authorization" and authorization is None:
+            authorization = raw.decode("latin-1")
+        elif name == b"x-api-key" and api_key is None:
+            api_key = raw.decode("latin-1")
     if authorization:
         scheme, _, value = authorization.partition(" ")
         return value.strip() if scheme.lower() == "bearer" and value.strip() else None
-    return headers.get("x-api-key") or None
+    return api_key or None
 
 
 def authenticate(keys: Mapping[str, ApiKey], headers: Headers) -> ApiKey | None:
