@@ -358,6 +358,9 @@ class Simulation:
                 flight.job.cached_tokens if ok and flight.job is not None else 0,
             )
         )
+        # Unlinked from its job (``job.owner``, a cycle): both go by reference counting, not by the
+        # cyclic collector (8 objects a request). Late reports on the job find it not the flight's.
+        flight.job = None
 
     def _record_unrouted(self, req: SimRequest, error: str) -> None:
         self.outcomes.append(Outcome(req.at, req.route, None, False, None, None, 0, 0.0, False, 0, error))
