@@ -14,11 +14,12 @@ from dataclasses import dataclass
 
 from gateway.measure.probe_plan import PROBE_PROMPT_TOKENS, DueProbe, ProbePlan
 from gateway.measure.recovery import RecoveryBar, recovery_bar
-from gateway.measure.stats import AttemptTicket, LiveStats, ProbeView
+from gateway.measure.stats import AttemptTicket, ProbeView
 from gateway.money.costs import attempt_cost
 from gateway.policy.compiled import CompiledPolicy
 from gateway.simulate.backends import BackendModel, Job
 from gateway.simulate.timeline import Timeline
+from gateway.simulate.watched_stats import WatchedStats
 from gateway.values.observation import Attempt, AttemptStatus, Usage
 
 # Virtual seconds between looks at what is due: the real prober looks every 50 ms of real time.
@@ -39,7 +40,7 @@ class SimProber:
     def __init__(
         self,
         policy: CompiledPolicy,
-        stats: LiveStats,
+        stats: WatchedStats,
         timeline: Timeline,
         models: dict[str, BackendModel],
         running: Callable[[], bool],
@@ -62,6 +63,7 @@ class SimProber:
         self._names = tuple(policy.backends)
         self._looked: list[tuple[object, ...]] = []
         self._quiet_until = -math.inf
+        self._wakes_at = -math.inf  # the next time a circuit turns half-open or a pause ends
         self.sent: Counter[str] = Counter()  # probes sent, by backend
         self.spent_usd: dict[str, float] = {}  # what the paid APIs' probes cost, by backend
 
@@ -71,12 +73,17 @@ class SimProber:
 
     def _tick(self) -> None:
         now = self._timeline.now
-        probe_view = self._stats.probe_view
-        seen = [probe_view(name) for name in self._names]
-        # Skipped when nothing the plan's outcome depends on changed since the last look and nothing
-        # is due by time before ``_quiet_until``: the look would set the same bars and send nothing.
-        if not (now + 1e-9 < self._quiet_until and self._keys(seen) == self._looked):
-            self._look(now, seen)
+        stats = self._stats
+        # Nothing is read when nothing was fed about any backend since the last read (``touched``),
+        # no circuit turns half-open or pause ends by time (``_wakes_at``) and nothing is due by time
+        # before ``_quiet_until``. Else the fields the plan reads are, and the look is still skipped
+        # when nothing its outcome depends on changed since the last one (``_keys``).
+        if not (now + 1e-9 < self._quiet_until and now < self._wakes_at and not stats.touched):
+            read = stats.read_touched
+            seen = [read(name) for name in self._names]
+            if not (now + 1e-9 < self._quiet_until and self._keys(seen) == self._looked):
+                self._look(now, seen)
+            self._wakes_at = min(stats.wakes_at(name) for name in self._names)
         if self._running():
             self._timeline.schedule(now + TICK_S, self._tick)
 
@@ -134,8 +141,8 @@ class SimProber:
             self._send(due, now)
             sent = True
         if sent:
-            probe_view = self._stats.probe_view
-            seen = [probe_view(name) for name in self._names]
+            read = self._stats.read_touched
+            seen = [read(name) for name in self._names]
             looked = dict(zip(self._names, seen, strict=True))
         self._looked = self._keys(seen)
         self._quiet_until = self._plan.quiet_until(self._policy, looked.__getitem__, now, self._inflight)
