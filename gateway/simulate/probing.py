@@ -64,6 +64,7 @@ class SimProber:
         self._looked: list[tuple[object, ...]] = []
         self._quiet_until = -math.inf
         self._wakes_at = -math.inf  # the next time a circuit turns half-open or a pause ends
+        self._seen: list[tuple[str, ProbeView]] = []  # what the last read read, by backend
         self.sent: Counter[str] = Counter()  # probes sent, by backend
         self.spent_usd: dict[str, float] = {}  # what the paid APIs' probes cost, by backend
 
@@ -76,13 +77,23 @@ class SimProber:
         stats = self._stats
         # Nothing is read when nothing was fed about any backend since the last read (``touched``),
         # no circuit turns half-open or pause ends by time (``_wakes_at``) and nothing is due by time
-        # before ``_quiet_until``. Else the fields the plan reads are, and the look is still skipped
-        # when nothing its outcome depends on changed since the last one (``_keys``).
-        if not (now + 1e-9 < self._quiet_until and now < self._wakes_at and not stats.touched):
+        # before ``_quiet_until``. Else the fields the plan reads are (of the backends fed, while
+        # nothing is due by time: the others' read the same), and the look is still skipped when
+        # nothing its outcome depends on changed since the last one (``_keys``).
+        quiet = now + 1e-9 < self._quiet_until and now < self._wakes_at
+        if not (quiet and not stats.touched):
             read = stats.read_touched
-            seen = [read(name) for name in self._names]
-            if not (now + 1e-9 < self._quiet_until and self._keys(seen) == self._looked):
+            if quiet:
+                touched = stats.touched
+                seen = [read(name) if name in touched else view for name, view in self._seen]
+            else:
+                seen = [read(name) for name in self._names]
+            if not (quiet and self._keys(seen) == self._looked):
+                if quiet:  # the look reads every backend afresh (signals may have gone stale)
+                    seen = [read(name) for name in self._names]
                 self._look(now, seen)
+            else:
+                self._seen = list(zip(self._names, seen, strict=True))
             self._wakes_at = min(stats.wakes_at(name) for name in self._names)
         if self._running():
             self._timeline.schedule(now + TICK_S, self._tick)
@@ -145,6 +156,7 @@ class SimProber:
             seen = [read(name) for name in self._names]
             looked = dict(zip(self._names, seen, strict=True))
         self._looked = self._keys(seen)
+        self._seen = list(zip(self._names, seen, strict=True))
         self._quiet_until = self._plan.quiet_until(self._policy, looked.__getitem__, now, self._inflight)
 
     def _send(self, due: DueProbe, now: float) -> None:
