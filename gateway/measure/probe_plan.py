@@ -16,9 +16,12 @@ import math
 from collections import deque
 from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass
+from typing import Protocol
 
 from gateway.measure.backend_stats import BackendView
+from gateway.measure.health import CircuitState
 from gateway.measure.recovery import RecoveryBar, recovery_bar
+from gateway.measure.signals import LoadSignals
 from gateway.policy.compiled import CompiledBackend, CompiledPolicy
 
 PROBE_PROMPT_TOKENS = 8
@@ -27,7 +30,37 @@ PROBE_PROMPT_TOKENS = 8
 DECODE_PROBE_TOKENS = 16
 SECONDS_PER_HOUR = 3600.0
 
+
+class PlanView(Protocol):
+    """What ``due`` and ``quiet_until`` read of a backend: a ``BackendView`` (the gateway's prober), or
+    ``stats.ProbeView``, the same fields read without building a view (the simulator's)."""
+
+    @property
+    def healthy(self) -> bool: ...
+    @property
+    def booting(self) -> bool: ...
+    @property
+    def inflight(self) -> int: ...
+    @property
+    def paused_until(self) -> float | None: ...
+    @property
+    def circuit(self) -> CircuitState: ...
+    @property
+    def accepts_requests(self) -> bool: ...
+    @property
+    def last_probe_at(self) -> float | None: ...
+    @property
+    def last_user_sample_at(self) -> float | None: ...
+    @property
+    def signals(self) -> LoadSignals | None: ...
+    @property
+    def ttft_p95_s(self) -> float | None: ...
+    @property
+    def decode_tokens_per_s(self) -> float | None: ...
+
+
 ViewOf = Callable[[str], BackendView]
+PlanViewOf = Callable[[str], PlanView]
 
 
 @dataclass(frozen=True, slots=True)
@@ -65,7 +98,7 @@ class ProbePlan:
     def due(
         self,
         policy: CompiledPolicy,
-        view_of: ViewOf,
+        view_of: PlanViewOf,
         now: float,
         inflight: Collection[str],
         bars: Mapping[str, RecoveryBar] | None = None,
@@ -117,7 +150,7 @@ class ProbePlan:
         return chosen
 
     def quiet_until(
-        self, policy: CompiledPolicy, view_of: ViewOf, now: float, inflight: Collection[str]
+        self, policy: CompiledPolicy, view_of: PlanViewOf, now: float, inflight: Collection[str]
     ) -> float:
         """Just after ``due``: the earliest time it may choose a probe if no backend's view changes
         in between (``now`` when it may at once, e.g. one is due but not affordable yet). The
@@ -156,7 +189,7 @@ class ProbePlan:
         return self._watched[1]
 
     @staticmethod
-    def bars(policy: CompiledPolicy, view_of: ViewOf) -> dict[str, RecoveryBar]:
+    def bars(policy: CompiledPolicy, view_of: PlanViewOf) -> dict[str, RecoveryBar]:
         """Per backend, what answers must show now to end a slow spell (see recovery.py)."""
         routes = policy.routes.values()
         bars = {}
@@ -201,7 +234,7 @@ class ProbePlan:
         return waiting
 
     def _affordable(
-        self, policy: CompiledPolicy, backend: CompiledBackend, view: BackendView, now: float, tokens: int
+        self, policy: CompiledPolicy, backend: CompiledBackend, view: PlanView, now: float, tokens: int
     ) -> bool:
         """A pool's probe costs nothing extra while it has headroom; a paid API's comes out of the
         policy's probe budget."""

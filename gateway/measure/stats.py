@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
+from typing import NamedTuple
 
 from gateway.measure.backend_stats import BackendStats, BackendView
 from gateway.measure.health import CircuitBreaker, CircuitState
@@ -22,6 +23,26 @@ class AttemptTicket:
     backend: str
     started_at: float
     probe: bool  # the one request a half-open circuit lets through
+
+
+class ProbeView(NamedTuple):
+    """The fields of a backend's view that the probe plan reads (``probe_plan.PlanView``), as
+    ``LiveStats.probe_view`` reads them without building a view; equal when the plan would read the same."""
+
+    healthy: bool
+    booting: bool
+    inflight: int
+    paused_until: float | None
+    circuit: CircuitState
+    accepts_requests: bool
+    last_probe_at: float | None
+    last_user_sample_at: float | None
+    signals: LoadSignals | None
+    ttft_p95_s: float | None
+    decode_tokens_per_s: float | None
+
+
+_tuple_new: Callable[[type[ProbeView], tuple[object, ...]], ProbeView] = tuple.__new__
 
 
 class LiveStats:
@@ -176,6 +197,10 @@ class LiveStats:
         stats = self._stats(backend)
         stats.spell.set_bar(bar, recovery_probes, self.clock())
 
+    def recovery_bar_of(self, backend: str) -> RecoveryBar:
+        """The bar ``set_recovery_bar`` set last (``NOT_EXCLUDED`` again once a spell it judged ended)."""
+        return self._stats(backend).spell.bar
+
     def circuit(self, backend: str) -> CircuitBreaker:
         return self._stats(backend).breaker
 
@@ -188,18 +213,36 @@ class LiveStats:
     def view(self, backend: str) -> BackendView:
         return self._stats(backend).view(self.clock())
 
-    def view_but_concurrency(self, backend: str) -> BackendView:
-        """``view``, its busy concurrency possibly ``refresh_s`` old (see BackendStats): the probe plan's."""
-        return self._stats(backend).view_but_concurrency(self.clock())
-
-    def unchanged_view(self, backend: str) -> BackendView | None:
-        """The view ``view_but_concurrency`` would return as it is, without a rebuild; None when it
-        would build one (something changed, or time made it stale). Reads nothing, changes nothing."""
+    def probe_view(self, backend: str) -> ProbeView:
+        """What the probe plan reads of ``view(backend)`` now (the same values), without building a
+        view (the simulator's prober reads it four times a virtual second). New samples are
+        summarized first, as a view's build would; nothing else changes."""
         stats = self._stats(backend)
-        view = stats.cached_view
-        if view is not None and not stats.changed and self.clock() < stats.exact_until:
-            return view
-        return None
+        now = self.clock()
+        stats.summarize(now)
+        signals = stats.signals
+        if signals is not None and now >= signals.scraped_at + self.signals_stale_after_s:
+            signals = None
+        paused_until = stats.paused_until
+        breaker = stats.breaker
+        state = breaker.state
+        # tuple.__new__ directly: a NamedTuple's own __new__ is a Python function (~4 ticks a second).
+        return _tuple_new(
+            ProbeView,
+            (
+                stats.healthy,
+                stats.booting,
+                stats.inflight + stats.remote_inflight,
+                paused_until if paused_until is not None and paused_until > now else None,
+                state,
+                state == "closed" or (state == "half_open" and breaker.allows_request()),
+                stats.last_probe_at,
+                stats.last_user_sample_at,
+                signals,
+                stats.quantiles[1],
+                stats.decode_tps.value,
+            ),
+        )
 
     def cost_speeds(self, backend: str) -> tuple[float | None, float | None]:
         """The view's aggregate and prefill speeds (what a finished attempt's cost reads), without

@@ -27,6 +27,7 @@ from gateway.simulate.probing import ProbeFlight, SimProber
 from gateway.simulate.scraping import SimScraper
 from gateway.simulate.timeline import Timeline
 from gateway.simulate.waiting import SimWaitingRoom
+from gateway.simulate.watched_stats import WatchedStats
 from gateway.simulate.workload import Fault, SimRequest, Workload, backend_profile, requests_between
 from gateway.store.memory import MemoryStore
 from gateway.values.observation import Attempt, Observation, Usage
@@ -109,7 +110,7 @@ class Simulation:
         self.workload = workload
         self.router = router
         self.timeline = Timeline()
-        self.stats = LiveStats(self.timeline.clock)
+        self.stats: LiveStats = (watched := WatchedStats(self.timeline.clock))  # tell the prober what's new
         self.rng = random.Random(seed)
         self.memo: DecisionMemo = {}
         self.start_wall = workload.start_wall
@@ -122,7 +123,7 @@ class Simulation:
         self.scraper = SimScraper(
             policy, self.stats, self.timeline, self.models, lambda: not self._end_of_run
         )
-        self.prober = SimProber(policy, self.stats, self.timeline, self.models, lambda: not self._end_of_run)
+        self.prober = SimProber(policy, watched, self.timeline, self.models, lambda: not self._end_of_run)
         self.waiting = SimWaitingRoom(self.timeline, self._decide, self._admit, self._busy)
         self.outcomes: list[Outcome] = []
         self.budget_exhausted_at: dict[str, float] = {}
@@ -358,6 +359,8 @@ class Simulation:
                 flight.job.cached_tokens if ok and flight.job is not None else 0,
             )
         )
+        # Unlinked from its job (a cycle): reference counting frees both, not the cyclic collector.
+        flight.job = None
 
     def _record_unrouted(self, req: SimRequest, error: str) -> None:
         self.outcomes.append(Outcome(req.at, req.route, None, False, None, None, 0, 0.0, False, 0, error))

@@ -12,14 +12,14 @@ from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from gateway.measure.backend_stats import BackendView
 from gateway.measure.probe_plan import PROBE_PROMPT_TOKENS, DueProbe, ProbePlan
 from gateway.measure.recovery import RecoveryBar, recovery_bar
-from gateway.measure.stats import AttemptTicket, LiveStats
+from gateway.measure.stats import AttemptTicket, ProbeView
 from gateway.money.costs import attempt_cost
 from gateway.policy.compiled import CompiledPolicy
 from gateway.simulate.backends import BackendModel, Job
 from gateway.simulate.timeline import Timeline
+from gateway.simulate.watched_stats import WatchedStats
 from gateway.values.observation import Attempt, AttemptStatus, Usage
 
 # Virtual seconds between looks at what is due: the real prober looks every 50 ms of real time.
@@ -40,7 +40,7 @@ class SimProber:
     def __init__(
         self,
         policy: CompiledPolicy,
-        stats: LiveStats,
+        stats: WatchedStats,
         timeline: Timeline,
         models: dict[str, BackendModel],
         running: Callable[[], bool],
@@ -55,12 +55,16 @@ class SimProber:
         self._inflight: dict[str, ProbeFlight] = {}
         # recovery_bar is a function of (backend, p95, decode speed): each look reuses what it found.
         self._bars: dict[tuple[str, float | None, float | None], RecoveryBar] = {}
+        self._bar_values: dict[RecoveryBar, RecoveryBar] = {}
         self._bar_set: dict[str, RecoveryBar] = {}
-        # The views the last look read, and until when it would choose nothing on the same views
-        # (ProbePlan.quiet_until): a look in between on unchanged views is skipped, as it would do
+        # Each backend's look key (``_keys``) at the last look, and until when the plan would choose
+        # nothing on the same: a look in between with the same keys is skipped, as it would do
         # nothing. Most looks of a busy day are (a probe is for backends that traffic avoids).
-        self._looked: dict[str, BackendView] = {}
+        self._names = tuple(policy.backends)
+        self._looked: list[tuple[object, ...]] = []
         self._quiet_until = -math.inf
+        self._wakes_at = -math.inf  # the next time a circuit turns half-open or a pause ends
+        self._seen: list[tuple[str, ProbeView]] = []  # what the last read read, by backend
         self.sent: Counter[str] = Counter()  # probes sent, by backend
         self.spent_usd: dict[str, float] = {}  # what the paid APIs' probes cost, by backend
 
@@ -70,47 +74,90 @@ class SimProber:
 
     def _tick(self) -> None:
         now = self._timeline.now
-        # Skipped when every view is the one the last look read and nothing is due by time before
-        # ``_quiet_until``: the look would read what it read and do nothing (results are the same).
-        if not (now + 1e-9 < self._quiet_until and self._views_unchanged()):
-            self._look(now)
+        stats = self._stats
+        # Nothing is read when nothing was fed about any backend since the last read (``touched``),
+        # no circuit turns half-open or pause ends by time (``_wakes_at``) and nothing is due by time
+        # before ``_quiet_until``. Else the fields the plan reads are (of the backends fed, while
+        # nothing is due by time: the others' read the same), and the look is still skipped when
+        # nothing its outcome depends on changed since the last one (``_keys``).
+        quiet = now + 1e-9 < self._quiet_until and now < self._wakes_at
+        if not (quiet and not stats.touched):
+            read = stats.read_touched
+            if quiet:
+                touched = stats.touched
+                seen = [read(name) if name in touched else view for name, view in self._seen]
+            else:
+                seen = [read(name) for name in self._names]
+            if not (quiet and self._keys(seen) == self._looked):
+                if quiet:  # the look reads every backend afresh (signals may have gone stale)
+                    seen = [read(name) for name in self._names]
+                self._look(now, seen)
+            else:
+                self._seen = list(zip(self._names, seen, strict=True))
+            self._wakes_at = min(stats.wakes_at(name) for name in self._names)
         if self._running():
             self._timeline.schedule(now + TICK_S, self._tick)
 
-    def _look(self, now: float) -> None:
-        # The same look as the gateway's Prober (ProbePlan.bars, then ProbePlan.due), on views that
-        # are exact in all the plan reads: a view is rebuilt for the drift of busy concurrency
-        # alone only for decisions, which read it.
-        view_of = self._stats.view_but_concurrency
+    def _bar(self, name: str, view: ProbeView) -> RecoveryBar:
+        key = (name, view.ttft_p95_s, view.decode_tokens_per_s)
+        bar = self._bars.get(key)
+        if bar is None:
+            if len(self._bars) >= 4096:  # p95s are sample values: bound what a long run keeps
+                self._bars.clear()
+            bar = recovery_bar(name, self._policy.routes.values(), key[1], key[2])
+            # One object per bar value: a look is skipped while each backend's bar is the one set.
+            bar = self._bars[key] = self._bar_values.setdefault(bar, bar)
+        return bar
+
+    def _keys(self, seen: list[ProbeView]) -> list[tuple[object, ...]]:
+        """Of each backend, what a look's outcome may depend on before ``_quiet_until`` (see
+        ``ProbePlan.quiet_until``): its bar, health, circuit, pause, whether anything is in flight on
+        it, when it was last probed while its circuit is open, and its last user's sample while idle.
+        (How many are in flight, its signals and spend matter only once it is due by time.)"""
+        keys: list[tuple[object, ...]] = []
+        bar_of = self._stats.recovery_bar_of
+        for name, view in zip(self._names, seen, strict=True):
+            idle = not view.inflight
+            circuit = view.circuit
+            bar = self._bar(name, view)
+            keys.append((
+                bar,
+                bar_of(name) is bar,
+                view.healthy,
+                view.booting,
+                idle,
+                view.paused_until is None,
+                circuit,
+                view.accepts_requests,
+                view.last_probe_at if circuit == "open" else None,
+                view.last_user_sample_at if idle else None,
+            ))  # fmt: skip
+        return keys
+
+    def _look(self, now: float, seen: list[ProbeView]) -> None:
+        # The same look as the gateway's Prober (ProbePlan.bars, then ProbePlan.due), on the fields of
+        # the views that the plan reads (``LiveStats.probe_view``: the same values, no view built).
         needed = self._policy.tuning.probes.recovery_probes
-        routes = self._policy.routes.values()
-        looked = self._looked
-        for name in self._policy.backends:
-            view = looked[name] = view_of(name)
-            key = (name, view.ttft_p95_s, view.decode_tokens_per_s)
-            bar = self._bars.get(key)
-            if bar is None:
-                if len(self._bars) >= 4096:  # p95s are sample values: bound what a long run keeps
-                    self._bars.clear()
-                bar = self._bars[key] = recovery_bar(name, routes, key[1], key[2])
-            if self._bar_set.get(name) is not bar:  # setting the same bar again changes nothing
-                self._bar_set[name] = bar
+        bar_of = self._stats.recovery_bar_of
+        looked = dict(zip(self._names, seen, strict=True))
+        for name, view in looked.items():
+            bar = self._bar(name, view)
+            self._bar_set[name] = bar
+            if bar_of(name) is not bar:  # setting the same bar again changes nothing
                 self._stats.set_recovery_bar(name, bar, needed)
-        # The plan reads the views just read (at the same instant nothing changed them: ``due`` sends
-        # nothing before it returns); after a probe went out, the one it changed is read afresh.
+        # The plan reads what was just read (at the same instant nothing changed it: ``due`` sends
+        # nothing before it returns); after a probe went out, each backend is read afresh.
         sent = False
         for due in self._plan.due(self._policy, looked.__getitem__, now, self._inflight, self._bar_set):
             self._send(due, now)
             sent = True
-        plan_view_of = view_of if sent else looked.__getitem__
-        self._quiet_until = self._plan.quiet_until(self._policy, plan_view_of, now, self._inflight)
-
-    def _views_unchanged(self) -> bool:
-        """Whether every backend's view is the one the last look read, with no rebuild (see
-        ``LiveStats.unchanged_view``): then the look would read what it read, and set what it set."""
-        unchanged = self._stats.unchanged_view
-        looked = self._looked
-        return all(unchanged(name) is view for name, view in looked.items())
+        if sent:
+            read = self._stats.read_touched
+            seen = [read(name) for name in self._names]
+            looked = dict(zip(self._names, seen, strict=True))
+        self._looked = self._keys(seen)
+        self._seen = list(zip(self._names, seen, strict=True))
+        self._quiet_until = self._plan.quiet_until(self._policy, looked.__getitem__, now, self._inflight)
 
     def _send(self, due: DueProbe, now: float) -> None:
         name = due.backend.name
@@ -143,8 +190,8 @@ class SimProber:
         name = attempt.backend
         backend = self._policy.backends[name]
         if backend.token_prices is not None:
-            view = self._stats.view(name)
-            usd = attempt_cost(backend, usage, view.aggregate_tokens_per_s, view.prefill_tokens_per_s).usd
+            aggregate, prefill = self._stats.cost_speeds(name)  # the view's, without building one
+            usd = attempt_cost(backend, usage, aggregate, prefill).usd
             self._plan.paid(now, usd)
             self.spent_usd[name] = self.spent_usd.get(name, 0.0) + usd
         self._end(flight, "ok")
@@ -167,3 +214,4 @@ class SimProber:
         )
         del self._inflight[name]
         self._plan.finished(name, self._stats.recovering(name))
+        self._quiet_until = -math.inf  # the plan may want it again at once (a recovery to confirm)

@@ -1,5 +1,6 @@
-"""The simulated prober skips a look that would read the views it read last time with nothing due by
-time (``ProbePlan.quiet_until``): a run must come out exactly as one in which every look runs."""
+"""The simulated prober skips a look when nothing its outcome depends on changed since the last one
+(its look keys: bars, health, circuit, idleness...) and nothing is due by time (``ProbePlan.quiet_until``):
+a run must come out exactly as one in which every look runs."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from gateway.measure.probe_plan import ProbePlan
+from gateway.measure.stats import ProbeView
 from gateway.policy.load import load_policy
 from gateway.simulate.engine import PolicyRouter, RunResult, Simulation
 from gateway.simulate.workload import read_workload_file, synthesize
@@ -24,10 +26,10 @@ def _kimi_day(scale: float) -> tuple[RunResult, dict[str, int], int]:
     looks = 0
     look = sim.prober._look
 
-    def counted(now: float) -> None:
+    def counted(now: float, seen: list[ProbeView]) -> None:
         nonlocal looks
         looks += 1
-        look(now)
+        look(now, seen)
 
     sim.prober._look = counted  # type: ignore[method-assign]
     result = sim.run()
