@@ -181,8 +181,9 @@ class RequestTrace:
             exporter.put(record)  # its content is written as JSON off the loop, in the exporter's thread
             return
         # Written now, while what the spans are written from is in the CPU's caches (the answer has
-        # gone out: nobody waits on this): in the exporter's thread, a batch later, the same writing
-        # took about twice as long, on records and blocks other requests' work had pushed out.
+        # gone out: nobody waits on this), not a batch later in the exporter's thread, on records other
+        # requests' work had pushed out (there it took 17-24 us a request with its post; here 13.8 us
+        # p50, and the post 2.8: docs/performance.md, "Tracing off and on").
         try:
             messages = request_messages(record)
         except Exception:  # a bug in writing one request's spans must not fail the request
