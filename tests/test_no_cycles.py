@@ -17,6 +17,7 @@ import httpx
 import pytest
 
 from gateway.measure.meter import StreamMeter
+from gateway.measure.transcript import Transcript
 from gateway.request.connection import ClientWatch, DirectBody
 from gateway.request.exchange import Exchange
 from gateway.request.streaming import StreamRelay
@@ -24,7 +25,7 @@ from tests.conftest import Gateway, Upstreams
 from tests.test_exchange import HELLO, LeavingClient, eventually, no_probes, set_faults
 
 # ClientWatch and DirectBody: the connection's offers to each request, kept in its ASGI scope
-HELD = (Exchange, StreamRelay, StreamMeter, ClientWatch, DirectBody)
+HELD = (Exchange, StreamRelay, StreamMeter, Transcript, ClientWatch, DirectBody)
 __all__ = ["no_probes"]  # the fixture, used by name
 
 

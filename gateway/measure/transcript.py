@@ -25,7 +25,6 @@ class Transcript:
         "reasoning",
         "resumable",
         "resumes",
-        "root",
         "stream_id",
         "takeovers",
     )
@@ -41,13 +40,14 @@ class Transcript:
         self.resumable = True  # tool calls in flight cannot be continued as text
         self.takeovers: list[dict[str, Any]] = []  # each resume, for the client's last chunk
         self.resumes = resumes  # False: kept for the trace alone, never resumed from
-        self._room = keep_chars  # characters of answer still kept; None: all of it (a resume needs it)
+        # Characters of answer still kept; None: all of it (a resume needs it). In a box, shared by the
+        # choices of one stream (``choice``) without their naming each other (no reference cycle).
+        self._room: list[int | None] = [keep_chars]
         self.finish_reason: str | None = None  # the last one a chunk said, for the trace
         # A stream of several choices (``n``): the first choice is this one, each other one a
-        # transcript of its own, for the trace only (kept from one room: ``root``'s). Such a stream is
+        # transcript of its own, for the trace only (kept from this one's room). Such a stream is
         # never resumed: a continuation goes on from one text, not several.
         self.more: dict[int, Transcript] | None = None
-        self.root = self
 
     def choice(self, index: Any) -> Transcript:
         """The transcript of the choice at ``index`` (``choices[].index``): this one for the first."""
@@ -57,12 +57,12 @@ class Transcript:
         more = self.more
         if more is None:
             more = self.more = {}
-            if self._room is None:  # kept whole for a resume that can no longer be: bounded from now
-                self._room = KEPT_STREAM_CHARS - sum(map(len, self.answer))
+            if self._room[0] is None:  # kept whole for a resume that can no longer be: bounded now
+                self._room[0] = KEPT_STREAM_CHARS - sum(map(len, self.answer))
         found = more.get(index)
         if found is None:
-            found = more[index] = Transcript(resumes=False, keep_chars=0)
-            found.root = self
+            found = more[index] = Transcript(resumes=False)
+            found._room = self._room
         return found
 
     def started(self, event: dict[str, Any]) -> None:
@@ -76,7 +76,7 @@ class Transcript:
             if isinstance(tool_calls, list):
                 self._called(tool_calls)
         if isinstance(content, str) and content:
-            if self._room is None:  # a stream that may be resumed: every chunk, no call more
+            if self._room[0] is None:  # a stream that may be resumed: every chunk, no call more
                 self.answer.append(content)
             elif kept := self._kept(content):
                 self.answer.append(kept)
@@ -84,11 +84,11 @@ class Transcript:
     def _kept(self, text: str) -> str:
         """As much of ``text`` as the room left holds (all of it where a resume needs it); the choices
         of one stream share the first one's room."""
-        root = self.root
-        room = root._room
+        box = self._room
+        room = box[0]
         if room is None:
             return text
-        root._room = room - len(text)
+        box[0] = room - len(text)
         return text[: max(room, 0)]
 
     def _called(self, deltas: list[Any]) -> None:

@@ -5,6 +5,7 @@ more than that of an answer it keeps only for the trace."""
 
 from __future__ import annotations
 
+import gc
 import json
 
 import orjson
@@ -239,3 +240,18 @@ def test_a_stream_of_two_choices_keeps_each_apart_and_is_not_resumed() -> None:
     bounded.answered("a" * (KEPT_STREAM_CHARS - 3), None)
     bounded.choice(1).answered("bcdefg", None)
     assert "".join(bounded.choice(1).answer) == "bcd"
+
+
+def test_a_transcript_and_its_choices_are_freed_without_the_cyclic_collector() -> None:
+    """Every stream that may be resumed keeps a transcript: one in a reference cycle would be one per
+    stream for the collector (``gateway.process`` keeps it rare on the promise that there is none)."""
+    gc.collect()
+    gc.disable()
+    try:
+        transcript = Transcript()
+        transcript.answered("Red", None)
+        transcript.choice(1).answered("Blue", None)
+        del transcript
+        assert not [o for o in gc.get_objects() if isinstance(o, Transcript)]
+    finally:
+        gc.enable()
