@@ -248,16 +248,37 @@ class BackendStats:
             self.summarized_at = now
             self.samples_pending = False
 
+    def fresh_signals(self, now: float) -> tuple[LoadSignals | None, float]:
+        """The scraped signals while they are fresh (None once stale), and when they go stale
+        (``math.inf``: nothing to go stale)."""
+        signals = self.signals
+        if signals is None:
+            return None, math.inf
+        stale_at = signals.scraped_at + self.owner.signals_stale_after_s
+        return (None, math.inf) if now >= stale_at else (signals, stale_at)
+
+    def pause_at(self, now: float) -> float | None:
+        """When an upstream's rate-limit pause ends, while it lasts; None when not paused."""
+        paused_until = self.paused_until
+        return paused_until if paused_until is not None and paused_until > now else None
+
+    def wakes_at(self, now: float) -> float:
+        """The next moment its circuit turns half-open or its pause ends, with nothing fed in
+        (``math.inf``: neither is ahead)."""
+        at = math.inf
+        half_open_at = self.breaker.half_open_at
+        if half_open_at is not None and half_open_at > now:
+            at = half_open_at
+        paused_until = self.paused_until
+        if paused_until is not None and now < paused_until < at:
+            at = paused_until
+        return at
+
     def view(self, now: float) -> BackendView:
         if self.cached_view is not None and not self.changed and now < self.next_check_at:
             return self.cached_view
         self.summarize(now)
-        signals = self.signals
-        stale_at = math.inf
-        if signals is not None:
-            stale_at = signals.scraped_at + self.owner.signals_stale_after_s
-            if now >= stale_at:
-                signals, stale_at = None, math.inf
+        signals, stale_at = self.fresh_signals(now)
         decode = self.decode_tps.value
         concurrency = self.busy_concurrency(now)
         completion = self.completion_view
@@ -269,7 +290,7 @@ class BackendStats:
                     if mean.value is not None
                 }
             )
-        paused_until = self.paused_until
+        paused_until = self.pause_at(now)
         breaker = self.breaker
         quantiles = self.quantiles
         view = _ViewDraft(  # positional, in field order: keywords cost ~1 us a view
@@ -292,7 +313,7 @@ class BackendStats:
             self.healthy,  # healthy
             self.booting,  # booting
             signals,  # signals
-            paused_until if paused_until is not None and paused_until > now else None,  # paused_until
+            paused_until,  # paused_until
             self.prefill_tps.value,  # prefill_tokens_per_s
             self.probes,  # probes
             self.last_probe_at,  # last_probe_at
@@ -304,13 +325,8 @@ class BackendStats:
         self.changed = False
         # The next moment this view may go out of date with nothing fed in: a circuit's cooldown
         # ends, signals go stale, pending samples are due, or busy concurrency drifts.
-        next_check = stale_at
+        next_check = min(stale_at, self.wakes_at(now))
         refresh_s = self.owner.refresh_s
-        half_open_at = self.breaker.half_open_at
-        if half_open_at is not None and half_open_at > now:
-            next_check = min(next_check, half_open_at)
-        if self.paused_until is not None and self.paused_until > now:
-            next_check = min(next_check, self.paused_until)
         if self.samples_pending:
             next_check = min(next_check, self.summarized_at + refresh_s)
         if self.inflight + self.remote_inflight > 0:

@@ -141,7 +141,7 @@ class LiveStats:
     def allows_request(self, backend: str) -> bool:
         """Check before each fallback attempt: a circuit may have opened since the decision."""
         stats = self._stats(backend)
-        paused = stats.paused_until is not None and stats.paused_until > self.clock()
+        paused = stats.pause_at(self.clock()) is not None
         return stats.healthy and not stats.booting and not paused and stats.breaker.allows_request()
 
     def pause(self, backend: str, until: float) -> None:
@@ -220,12 +220,7 @@ class LiveStats:
         stats = self._stats(backend)
         now = self.clock()
         stats.summarize(now)
-        signals = stats.signals
-        if signals is not None and now >= signals.scraped_at + self.signals_stale_after_s:
-            signals = None
-        paused_until = stats.paused_until
         breaker = stats.breaker
-        state = breaker.state
         # tuple.__new__ directly: a NamedTuple's own __new__ is a Python function (~4 ticks a second).
         return _tuple_new(
             ProbeView,
@@ -233,12 +228,12 @@ class LiveStats:
                 stats.healthy,
                 stats.booting,
                 stats.inflight + stats.remote_inflight,
-                paused_until if paused_until is not None and paused_until > now else None,
-                state,
-                state == "closed" or (state == "half_open" and breaker.allows_request()),
+                stats.pause_at(now),
+                breaker.state,
+                breaker.allows_request(),
                 stats.last_probe_at,
                 stats.last_user_sample_at,
-                signals,
+                stats.fresh_signals(now)[0],
                 stats.quantiles[1],
                 stats.decode_tps.value,
             ),

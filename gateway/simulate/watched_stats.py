@@ -4,12 +4,10 @@ them, so that a tick with nothing new (and nothing due by time) reads nothing (`
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable
 
 from gateway.measure.health import CircuitState
 from gateway.measure.recovery import NOT_EXCLUDED, RecoveryBar
-from gateway.measure.signals import LoadSignals
 from gateway.measure.stats import AttemptTicket, LiveStats, ProbeView
 from gateway.values.observation import Attempt
 
@@ -61,9 +59,6 @@ class WatchedStats(LiveStats):
         self.touched.add(ticket.backend)
         super().probe_finished(ticket, attempt, recovery_probes, ratio, bar)
 
-    def update_signals(self, backend: str, signals: LoadSignals) -> None:
-        super().update_signals(backend, signals)  # not touched: see the class's docstring
-
     def read_touched(self, backend: str) -> ProbeView:
         """``probe_view``, after which the backend is untouched unless new samples still wait to be
         summarized (a summary is at most every ``refresh_s``: its p95 may change at a later read)."""
@@ -75,13 +70,4 @@ class WatchedStats(LiveStats):
     def wakes_at(self, backend: str) -> float:
         """The next moment what the plan reads changes with nothing fed: a circuit turns half-open,
         a pause ends (``math.inf`` when neither is ahead)."""
-        stats = self._stats(backend)
-        now = self.clock()
-        at = math.inf
-        half_open_at = stats.breaker.half_open_at
-        if half_open_at is not None and half_open_at > now:
-            at = half_open_at
-        paused = stats.paused_until
-        if paused is not None and now < paused < at:
-            at = paused
-        return at
+        return self._stats(backend).wakes_at(self.clock())
