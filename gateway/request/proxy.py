@@ -50,11 +50,9 @@ from gateway.runtime.waiting import retry_after_seconds, worth_waiting
 from gateway.telemetry.context import trace_headers
 from gateway.values.auth import authorize_route
 from gateway.values.dialect import insert_usage_cost, read_completion, unusable_answer
-from gateway.values.headers import first_values
 from gateway.values.observation import Attempt, Observation
 
 log = logging.getLogger("gateway")
-REQUEST_ID_HEADER = (b"x-request-id",)
 
 
 async def serve(runtime: Runtime, door: Door, scope: Scope, receive: Receive, send: Send) -> None:
@@ -359,8 +357,14 @@ def retry_after_header(upstream_value: str | None, wall_now: float) -> str | Non
 
 
 def request_id(raw_headers: Iterable[tuple[bytes, bytes]], runtime: Runtime) -> str:
-    """The client's ``x-request-id`` when it looks like one, so logs can be joined; else a new one."""
-    given = first_values(raw_headers, REQUEST_ID_HEADER)[0] or ""
+    """The client's ``x-request-id`` when it looks like one, so logs can be joined; else a new one.
+    Read from the ASGI headers (lower-case names) in one pass: Starlette's ``Headers.get`` raised and
+    caught a KeyError for every request that sends none, most of them."""
+    given = ""
+    for name, value in raw_headers:
+        if name == b"x-request-id":
+            given = value.decode("latin-1")
+            break
     # ASCII letters, digits, - and _ only: it goes back in a response header and into logs.
     if 0 < len(given) <= 64 and given.isascii() and given.replace("-", "").replace("_", "").isalnum():
         return given

@@ -17,11 +17,9 @@ from dataclasses import dataclass
 from starlette.datastructures import Headers
 
 from gateway.errors import GatewayError
-from gateway.values.headers import first_values
 
 KEY_PREFIX = "gwk-"
 ALL_ROUTES = "*"
-KEY_HEADERS = (b"authorization", b"x-api-key")  # where a client presents its key, the first preferred
 
 
 class AuthenticationFailed(GatewayError):
@@ -62,7 +60,14 @@ def new_key() -> str:
 
 def presented_key(headers: Headers) -> str | None:
     """The client's key from ``Authorization: Bearer`` or ``x-api-key``; None when absent."""
-    authorization, api_key = first_values(headers.raw, KEY_HEADERS)
+    # One pass over the raw headers (lower-case names; the first of each counts, as Headers.get reads):
+    # Headers.get raised and caught a KeyError for each header a request did not send.
+    authorization = api_key = None
+    for name, raw in headers.raw:
+        if name == b"authorization" and authorization is None:
+            authorization = raw.decode("latin-1")
+        elif name == b"x-api-key" and api_key is None:
+            api_key = raw.decode("latin-1")
     if authorization:
         scheme, _, value = authorization.partition(" ")
         return value.strip() if scheme.lower() == "bearer" and value.strip() else None
