@@ -37,6 +37,7 @@ from gateway.ledger.rejection import scrubbed, write_apart
 from gateway.ledger.rows import COLUMNS, LedgerRow
 from gateway.ledger.spool import Spool, spool_file, upgraded
 from gateway.ledger.sqlite import SqliteLedger
+from gateway.ledger.unwritten import UnwrittenRows
 
 log = logging.getLogger("gateway.ledger")
 refusal_log = logging.getLogger("gateway")  # where request/refusals.py says each refusal
@@ -55,7 +56,7 @@ Keyed = tuple[Any, ...]  # a row with its row key appended: what the databases a
 class Ledger:
     """Collects rows from the event loop and writes them from one thread, in batches.
 
-    ``append`` only puts a tuple on a deque (thread-safe in CPython) and, when a batch is full, wakes
+    ``append`` only puts a tuple on a deque (``unwritten.py``) and, when a batch is full, wakes
     the writer; every other ``flush_interval_s`` the writer takes whatever is there.
     """
 
@@ -75,9 +76,8 @@ class Ledger:
         self._flush_interval_s = flush_interval_s
         self._batch_size = batch_size
         self._close_timeout_s = close_timeout_s
-        self._max_pending = max_pending_rows
         self.spool = None if spool_dir is None else Spool(spool_file(spool_dir, self.database.location))
-        self._pending: deque[LedgerRow] = deque()
+        self._unwritten = UnwrittenRows(max_pending_rows)  # billable rows
         self.refused = refused or RefusedRows()
         self._probes: deque[LedgerRow] = deque(maxlen=10_000)  # synthetic probes, apart
         # Being written now, with each row's key: kept and retried as is when a write fails.
@@ -102,7 +102,6 @@ class Ledger:
         self._dropped_said_at = -DROP_LOG_S
         self.rows_appended = 0
         self.rows_written = 0  # requests: a folded refusal row counts each request it stands for
-        self.rows_dropped_billable = 0
         self.rows_scrubbed = 0  # written with values no column takes made safe (rejection.py)
         self.rows_rejected = 0  # refused by the database even scrubbed: in the log only
         self.rows_spooled = 0  # moved to the spool since start (written from it later)
@@ -118,12 +117,16 @@ class Ledger:
     @property
     def pending(self) -> int:
         """Rows held in memory, not yet in the database or the spool."""
-        return len(self._pending) + len(self._batch) + len(self._refused_batch) + len(self.refused)
+        return len(self._unwritten) + len(self._batch) + len(self._refused_batch) + len(self.refused)
 
     @property
     def spooled(self) -> int:
         """Rows in the spool file now (the spool's depth)."""
         return 0 if self.spool is None else self.spool.depth
+
+    @property
+    def rows_dropped_billable(self) -> int:
+        return self._unwritten.dropped
 
     @property
     def rows_dropped(self) -> int:
@@ -134,12 +137,9 @@ class Ledger:
         if row.status == "refused":
             self.refused.add(row)  # bounded apart: a flood of refusals never evicts a billable row
             return
-        pending = self._pending
-        if len(pending) >= self._max_pending:
-            pending.popleft()
-            self.rows_dropped_billable += 1
-        pending.append(row)
-        if len(pending) >= self._batch_size:
+        unwritten = self._unwritten
+        unwritten.add(row)
+        if len(unwritten) >= self._batch_size:
             self._wake.set()
 
     def append_probe(self, row: LedgerRow) -> None:
@@ -283,12 +283,10 @@ class Ledger:
         if self._refused_batch and not self._write(self._refused_batch):
             return False
         self._refused_batch = []
-        pending = self._pending
-        while self._batch or pending:
+        unwritten = self._unwritten
+        while self._batch or unwritten:
             if not self._batch:
-                self._batch = self._keyed(
-                    [pending.popleft() for _ in range(min(self._batch_size, len(pending)))]
-                )
+                self._batch = self._keyed(unwritten.take(self._batch_size))
             if not self._write(self._batch):
                 return False
             self._batch = []
@@ -342,25 +340,22 @@ class Ledger:
             return
         if not self._refused_batch and len(self.refused):
             self._refused_batch = self._keyed(self.refused.take())
-        fresh = [self._pending.popleft() for _ in range(len(self._pending))]
+        fresh = self._unwritten.oldest()  # they stay waiting until the spool has them
         rows = self._batch + self._refused_batch + self._keyed(fresh)
         if not rows:
             return
         try:
             spool.add(rows)
         except LedgerUnavailable as exc:
-            self.spool_errors += 1
-            self._pending.extendleft(reversed(fresh))  # back in front, in order; keyed again later
-            while len(self._pending) > self._max_pending:
-                self._pending.popleft()
-                self.rows_dropped_billable += 1
+            self.spool_errors += 1  # the rows still wait (keyed again later)
             if not self._spool_failing:
-                log.error("%s; rows wait in memory (billable: at most %d)", exc, self._max_pending)
+                log.error("%s; rows wait in memory (billable: at most %d)", exc, self._unwritten.max_rows)
             self._spool_failing = True
             return
         if self._spool_failing:
             log.warning("ledger spool %s takes rows again", spool.path)
         self._spool_failing = False
+        self._unwritten.forget(fresh)
         self.rows_spooled += len(rows)
         self._batch, self._refused_batch = [], []
 
@@ -374,7 +369,7 @@ class Ledger:
             "ledger: rows dropped, neither the database nor the spool taking them: %d billable (memory"
             " bound %d rows), %d refused-request rows (their own bound); totals %d and %d",
             billable,
-            self._max_pending,
+            self._unwritten.max_rows,
             refused,
             *dropped,
         )

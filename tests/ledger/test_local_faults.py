@@ -4,14 +4,17 @@ bounded apart from billable rows, so a flood of them evicts none (issue 42)."""
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import logging
 import shutil
 import sqlite3
 import subprocess
 import tempfile
-from collections.abc import Iterator
+import threading
+from collections.abc import Iterator, Sequence
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -69,6 +72,58 @@ async def test_a_locked_sqlite_ledger_spools_its_rows_and_writes_them_once_when_
     assert await ledger.flush(timeout_s=30)
     await ledger.close()
     assert ledger.up and rows_in(path) == (51, 51)
+
+
+class PausingSpool(Spool):
+    """A real spool whose next ``add``, once armed, waits until the test has appended rows meanwhile."""
+
+    def __init__(self, path: Path) -> None:
+        super().__init__(path)
+        self.armed = False
+        self.entered = threading.Event()
+        self.go_on = threading.Event()
+
+    def add(self, rows: Sequence[tuple[Any, ...]]) -> None:
+        if self.armed:
+            self.armed = False
+            self.entered.set()
+            self.go_on.wait(30)
+        super().add(rows)
+
+
+async def test_rows_on_their_way_to_the_spool_stay_counted_and_bounded_with_the_rows_appended_meanwhile(
+    tmp_path: Path,
+) -> None:
+    # Before, the writer took every row out of memory and then tried the spool: while it did, the rows
+    # were counted nowhere (CI saw the pending-rows gauge at 41 with 300 rows waiting), and the rows
+    # appended meanwhile were bounded without them. Each cycle here starts when a batch fills (60 rows).
+    path = tmp_path / "ledger.sqlite3"
+    ledger = Ledger(path, flush_interval_s=3_600, batch_size=60, max_pending_rows=100)
+    spool = PausingSpool(tmp_path / "spool.sqlite3")
+    ledger.spool = spool
+    await ledger.start()
+    holder = sqlite3.connect(path, isolation_level=None)
+    holder.execute("BEGIN EXCLUSIVE")  # the database is away: rows go to the spool
+    for n in range(1, 61):
+        ledger.append(row(n))
+    await wait_for(lambda: ledger.spooled == 60 and not ledger.up)
+    spool.armed = True
+    for n in range(61, 121):
+        ledger.append(row(n))
+    assert await asyncio.to_thread(spool.entered.wait, 30)
+    assert ledger.pending == 60, "rows being moved to the spool are still counted"
+    for n in range(121, 211):  # 150 rows in memory: past the bound of 100
+        ledger.append(row(n))
+    assert ledger.pending == 100, "one bound holds the rows on their way to the spool and the new ones"
+    assert ledger.rows_dropped_billable == 50
+    spool.go_on.set()
+    await wait_for(lambda: ledger.spooled == 210 and ledger.pending == 0)
+    assert ledger.rows_dropped_billable == 0, "the rows evicted on their way were in the spool after all"
+    holder.execute("ROLLBACK")
+    holder.close()
+    assert await ledger.flush(timeout_s=30)
+    await ledger.close()
+    assert rows_in(path) == (210, 210)
 
 
 @contextlib.contextmanager
