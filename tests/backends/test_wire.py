@@ -7,6 +7,7 @@ plain GETs (redirects, charsets, failures) that signals read."""
 from __future__ import annotations
 
 import asyncio
+import gc
 import gzip
 from collections.abc import AsyncIterator, Awaitable, Callable
 
@@ -15,6 +16,7 @@ import pytest
 from gateway.backends.base import Fetched
 from gateway.backends.openai_compat import OpenAICompatClient
 from gateway.backends.wire import PAUSE_AT_BYTES, Origin, WireError, WirePool
+from gateway.backends.wire_connection import Connection
 
 Handler = Callable[[asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]]
 
@@ -193,6 +195,38 @@ async def test_a_body_delimited_by_the_close(pool: WirePool) -> None:
         response = await pool.post(origin, head_for(origin), b"{}", 5.0)
         assert await response.read() == b"data: a\n\ndata: [DONE]\n\n"
         response.close()
+
+
+async def test_a_closed_connection_leaves_nothing_for_the_cyclic_collector(pool: WirePool) -> None:
+    # The connection and its httptools parser (which calls it back) pointed at each other: every
+    # connection an upstream closed (``connection: close``, a restart, a reaped idle one) waited for
+    # the collector, ~20 objects each. The collector is off here, so a cycle stays and is counted.
+    async def closing(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await read_request(reader)
+        writer.write(answer(b"{}", b"connection: close"))
+        await writer.drain()
+
+    def connections() -> int:
+        return sum(1 for o in gc.get_objects() if isinstance(o, Connection))
+
+    gc.collect()
+    gc.disable()
+    try:
+        async with RawServer(closing) as server:
+            origin = server.origin()
+            for _ in range(10):
+                response = await pool.post(origin, head_for(origin), b"{}", 5.0)
+                assert await response.read() == b"{}"
+                response.close()
+            for _ in range(100):  # each connection_lost runs a loop turn after its close
+                if not pool._all:
+                    break
+                await asyncio.sleep(0.01)
+            assert not pool._all, "every connection closed"
+            left = connections()
+    finally:
+        gc.enable()
+    assert left == 0, f"{left} closed connections wait for the cyclic collector"
 
 
 async def test_gzip_bodies_are_decoded(pool: WirePool) -> None:
