@@ -66,6 +66,41 @@ def test_finished_requests_leave_no_reference_cycles(gateway: Gateway, upstreams
     eventually(lambda: len(gateway.runtime.recent) >= before + 7, 10, "every routed request is settled")
     eventually(lambda: gateway.runtime.in_flight.count == 0, 5, "nothing in flight")
 
+    all_freed()
+
+
+@pytest.mark.usefixtures("no_probes", "collector_off")
+def test_requests_whose_upstream_failed_leave_no_reference_cycles(
+    gateway: Gateway, upstreams: Upstreams
+) -> None:
+    # A failure is an exception, and a raised exception holds the frames it left: before, the wire's
+    # response kept the very error it raised, so each stream cut mid-way left its
+    # exchange, relay and meter in a cycle with its traceback.
+    url = gateway.base_url + "/chat/completions"
+    assert not held_objects(), "objects of an earlier test are still in memory"
+    before = len(gateway.runtime.recent)
+    body = {"model": "pool-then-api", "messages": HELLO, "stream": True}
+    with httpx.Client(timeout=30) as client:
+        set_faults(upstreams.vllm, drop_after_chunks=3)  # cut mid-stream (this policy resumes nowhere)
+        for _ in range(3):
+            with client.stream("POST", url, json=body) as s:
+                assert s.status_code == 200
+                assert b"upstream_stream_broken" in b"".join(s.iter_bytes())
+        set_faults(upstreams.vllm, drop_after_chunks=None, error_rate=1.0)  # fails at the head: falls back
+        for _ in range(3):
+            answer = client.post(url, json={**body, "stream": False})
+            assert answer.status_code == 200, answer.text
+    eventually(lambda: len(gateway.runtime.recent) >= before + 6, 10, "every routed request is settled")
+    eventually(lambda: gateway.runtime.in_flight.count == 0, 5, "nothing in flight")
+    attempts = [len(o.attempts) for o in list(gateway.runtime.recent)[-6:]]
+    # (the pool's circuit may open after its failures: then the last answers go to the API at once)
+    assert attempts[:3] == [1, 1, 1] and attempts[3] == 2, "streams cut, an answer after a failed attempt"
+    all_freed()
+
+
+def all_freed() -> None:
+    """Every object of the finished requests is freed (by reference counting: the collector is off)."""
+
     def nothing_held() -> bool:
         return not held_objects()
 

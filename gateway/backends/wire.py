@@ -94,6 +94,9 @@ class WirePool:
         try:
             await waiter
         except BaseException:
+            # The future holds what it raised, whose traceback holds this frame: without the name,
+            # the frame does not hold the future back (no cycle keeping the connection for the collector).
+            del waiter
             response.close()
             raise
         return response

@@ -286,6 +286,9 @@ class Connection(asyncio.Protocol):
 
     def lost(self, error: WireError) -> None:
         """This connection can carry nothing more: fail whatever waits on it and close it."""
+        # Handed on without the traceback of where it was caught (``data_received``, whose frame holds
+        # it): raised again by the waiter, it would keep that frame and this connection in a cycle.
+        error = error.with_traceback(None)
         self.keep_alive = False
         self._stop_read_clock()
         waiter, self.head_waiter = self.head_waiter, None

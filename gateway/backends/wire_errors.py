@@ -20,6 +20,12 @@ class WireError(Exception):
         self.kind = kind
         self.detail = detail or kind
 
+    def copy(self) -> WireError:
+        """The same failure as a new exception, for what keeps a failure and raises it later: raised,
+        an exception takes the traceback of the frames it leaves, and those hold whatever kept it (a
+        reference cycle for the collector, holding a request's objects, per failed response)."""
+        return WireError(self.kind, self.detail)
+
 
 @dataclass(frozen=True, slots=True)
 class WireLimits:

@@ -158,10 +158,10 @@ class WireResponse:
     def _fail(self, error: WireError) -> None:
         if self.ended or self._error is not None:
             return
-        self._error = error
+        self._error = error.copy()  # kept apart from the one the caller may raise (``WireError.copy``)
         waiter, self._waiter = self._waiter, None
         if waiter is not None and not waiter.done():
-            waiter.set_exception(error)
+            waiter.set_exception(error.copy())
 
     def _wake(self, value: bool) -> None:
         waiter, self._waiter = self._waiter, None
@@ -182,7 +182,7 @@ class WireResponse:
             if self.ended:
                 return b""
             if self._error is not None:
-                raise self._error
+                raise self._error.copy()
             await self._wait()
 
     async def read(self, limit: int = BODY_LIMIT) -> bytes:
@@ -220,7 +220,7 @@ class WireResponse:
             return True
         if self._error is not None:
             self._take = None
-            raise self._error
+            raise self._error.copy()
         try:
             return await self._wait()
         finally:

@@ -195,7 +195,9 @@ async def attempt_in_order(
             wait_s = min(backend.timeouts.answer_s, remaining)
             return await complete_once(exchange, attempt, exchange.call(backend, path, body, False, wait_s))
         except AttemptFailure as exc:
-            failure = exc
+            # Kept without its traceback: that holds this frame, whose ``failure`` would hold it back, a
+            # reference cycle keeping the request's objects until the collector ran.
+            failure = exc.with_traceback(None)
             attempt.status = "timeout" if exc.kind == "timeout" else "upstream_error"
             attempt.error, attempt.http_status = exc.message, exc.http_status
             exchange.end_attempt()

@@ -197,25 +197,51 @@ async def test_a_body_delimited_by_the_close(pool: WirePool) -> None:
         response.close()
 
 
-async def test_a_closed_connection_leaves_nothing_for_the_cyclic_collector(pool: WirePool) -> None:
-    # The connection and its httptools parser (which calls it back) pointed at each other: every
-    # connection an upstream closed (``connection: close``, a restart, a reaped idle one) waited for
-    # the collector, ~20 objects each. The collector is off here, so a cycle stays and is counted.
-    async def closing(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        await read_request(reader)
-        writer.write(answer(b"{}", b"connection: close"))
-        await writer.drain()
+async def closing(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    await read_request(reader)
+    writer.write(answer(b"{}", b"connection: close"))
+    await writer.drain()
 
+
+async def malformed(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    await read_request(reader)
+    writer.write(b"HTTP/1.1 200 OK\r\ncontent-length: nope\r\n\r\n")
+    await writer.drain()
+    await reader.read()
+
+
+async def too_many_headers(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    await read_request(reader)
+    writer.write(b"HTTP/1.1 200 OK\r\n" + b"x-a: b\r\n" * 300 + b"content-length: 2\r\n\r\n{}")
+    await writer.drain()
+    await reader.read()
+
+
+@pytest.mark.parametrize(
+    "handler", [closing, malformed, too_many_headers], ids=["closed", "malformed", "past-a-limit"]
+)
+async def test_a_closed_connection_leaves_nothing_for_the_cyclic_collector(
+    pool: WirePool, handler: Handler
+) -> None:
+    # The connection and its httptools parser (which calls it back) pointed at each other, and a
+    # connection failed by what it read kept the error, whose traceback held the frame that kept it:
+    # every connection an upstream closed (``connection: close``, a restart, a reaped idle one) or
+    # answered badly waited for the collector, ~20 objects each. The collector is off here, so a cycle
+    # stays and is counted.
     def connections() -> int:
         return sum(1 for o in gc.get_objects() if isinstance(o, Connection))
 
     gc.collect()
     gc.disable()
     try:
-        async with RawServer(closing) as server:
+        async with RawServer(handler) as server:
             origin = server.origin()
             for _ in range(10):
-                response = await pool.post(origin, head_for(origin), b"{}", 5.0)
+                try:
+                    response = await pool.post(origin, head_for(origin), b"{}", 5.0)
+                except WireError as exc:
+                    assert handler is not closing and exc.kind == "malformed"
+                    continue
                 assert await response.read() == b"{}"
                 response.close()
             for _ in range(100):  # each connection_lost runs a loop turn after its close
