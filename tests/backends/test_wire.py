@@ -197,24 +197,20 @@ async def test_a_body_delimited_by_the_close(pool: WirePool) -> None:
         response.close()
 
 
-async def closing(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-    await read_request(reader)
-    writer.write(answer(b"{}", b"connection: close"))
-    await writer.drain()
+def answering(data: bytes) -> Handler:
+    """Reads the request, answers with ``data`` and hangs up."""
+
+    async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await read_request(reader)
+        writer.write(data)
+        await writer.drain()
+
+    return handler
 
 
-async def malformed(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-    await read_request(reader)
-    writer.write(b"HTTP/1.1 200 OK\r\ncontent-length: nope\r\n\r\n")
-    await writer.drain()
-    await reader.read()
-
-
-async def too_many_headers(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-    await read_request(reader)
-    writer.write(b"HTTP/1.1 200 OK\r\n" + b"x-a: b\r\n" * 300 + b"content-length: 2\r\n\r\n{}")
-    await writer.drain()
-    await reader.read()
+closing = answering(answer(b"{}", b"connection: close"))
+malformed = answering(b"HTTP/1.1 200 OK\r\ncontent-length: nope\r\n\r\n")
+too_many_headers = answering(b"HTTP/1.1 200 OK\r\n" + b"x-a: b\r\n" * 300 + b"content-length: 2\r\n\r\n{}")
 
 
 @pytest.mark.parametrize(
