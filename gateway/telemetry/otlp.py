@@ -190,38 +190,6 @@ def _length_head(field: int, size: int) -> bytes:
     return _LEN_TAGS[field] + (_SMALL[size] if size < 0x80 else _varint(size))
 
 
-def kv_int(field: int, name: str, value: int) -> bytes:
-    """KeyValue {key 1, value 2: AnyValue {int_value 3}}, its field tag and key written once per name."""
-    tag, key = _KEYS.get((field, name)) or _key_of(field, name)
-    encoded = _SMALL[value] if 0 <= value < 0x80 else _varint(value)
-    size = len(encoded)
-    return tag + _SMALL[len(key) + 3 + size] + key + _INT_VALUE_HEADS[size] + encoded
-
-
-def kv_double(field: int, name: str, value: float) -> bytes:
-    """KeyValue {key 1, value 2: AnyValue {double_value 4}}: a fixed size, so only the 8 bytes vary."""
-    head = _DOUBLE_HEADS.get((field, name))
-    if head is None:
-        tag, key = _KEYS.get((field, name)) or _key_of(field, name)
-        head = _DOUBLE_HEADS[field, name] = tag + _SMALL[len(key) + 11] + key + b"\x12\x09\x21"
-    return head + _double.pack(value)
-
-
-def _key_of(field: int, name: str) -> tuple[bytes, bytes]:
-    # Only the names encode.py writes come here (a fixed set), all short enough that a KeyValue
-    # of a number stays under 128 bytes: its length is one byte.
-    key = _text(1, name)
-    assert len(key) < 100, name
-    found = _KEYS[field, name] = (_varint(field << 3 | 2), key)
-    return found
-
-
-_KEYS: dict[tuple[int, str], tuple[bytes, bytes]] = {}
-_DOUBLE_HEADS: dict[tuple[int, str], bytes] = {}
-# AnyValue's length and int_value's tag, by the varint's size (1 to 10 bytes).
-_INT_VALUE_HEADS = [b"\x12" + bytes((size + 1,)) + b"\x18" for size in range(11)]
-
-
 def fixed64(value: int) -> bytes:
     return max(value, 0).to_bytes(8, "little")
 
