@@ -14,10 +14,13 @@ class DecayedSamples:
     The values are also kept sorted with their weights, ``2 ** ((t - base) / half_life_s)`` fixed when
     each arrives: scaling all weights alike leaves quantiles unchanged, so a quantile is one walk of
     running sums (no power or sort per look). ``base`` moves up before the weights could overflow.
+    The running sums are kept up to the first place a sample went in or out since the last look, and
+    only the rest is summed again (the same additions in the same order: the same floats as summing
+    them all).
     """
 
-    __slots__ = ("_base", "_half_life_s", "_next", "_sorted", "_sorted_weights", "_times", "_values",
-                 "_window")  # fmt: skip
+    __slots__ = ("_base", "_half_life_s", "_next", "_running", "_sorted", "_sorted_weights", "_times",
+                 "_values", "_window")  # fmt: skip
 
     # Half-lives between base and the newest sample before the weights are rebased (2**REBASE is far
     # from a float's limit; any window of samples spans many fewer half-lives in practice).
@@ -32,6 +35,7 @@ class DecayedSamples:
         self._base: float | None = None
         self._sorted: list[float] = []  # the values in order
         self._sorted_weights: list[float] = []  # their weights, in the same order
+        self._running: list[float] = []  # their running sums, as far as still true
 
     def __len__(self) -> int:
         return len(self._values)
@@ -52,6 +56,7 @@ class DecayedSamples:
         )
         self._sorted = [v for v, _ in pairs]
         self._sorted_weights = [w for _, w in pairs]
+        self._running = []
 
     def add(self, at: float, value: float) -> None:
         weight = self._weight(at)
@@ -69,12 +74,14 @@ class DecayedSamples:
             while weights[i] != old_weight and i + 1 < len(ordered) and ordered[i + 1] == old:
                 i += 1  # equal values: the one with its weight
             del ordered[i], weights[i]
+            del self._running[i:]
             self._values[slot] = value
             self._times[slot] = at
             self._next = (slot + 1) % self._window
         i = bisect.bisect_right(ordered, value)
         ordered.insert(i, value)
         weights.insert(i, weight)
+        del self._running[i:]
 
     def forget_before(self, at: float) -> None:
         """Drop every sample older than ``at`` (a slow spell that probes showed is over)."""
@@ -90,8 +97,15 @@ class DecayedSamples:
         ordered = self._sorted
         if not ordered:
             return None
-        weights = self._sorted_weights
-        running = list(itertools.accumulate(weights))
+        weights, running = self._sorted_weights, self._running
+        kept = len(running)
+        if kept < len(weights):  # summed again from the first place that changed
+            if kept:
+                sums = itertools.accumulate(itertools.islice(weights, kept, None), initial=running[-1])
+                next(sums)  # the initial value itself
+                running.extend(sums)
+            else:
+                running.extend(itertools.accumulate(weights))
         # The total is the last running sum (not a separate exact ``fsum``, which cost as much as the
         # running sums: the two differ in rounding only). The first value whose running weight
         # reaches q of the total.

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import bisect
+import itertools
+import random
 from dataclasses import FrozenInstanceError, fields, replace
 
 import pytest
@@ -37,6 +40,31 @@ def test_quantiles_forget_old_samples_as_time_passes() -> None:
         samples.add(600.0 + i, 1.0)  # fast, ten half-lives later
     later = samples.quantiles(0.95)
     assert fresh == (10.0,) and later == (1.0,)
+
+
+def test_quantiles_from_running_sums_kept_between_looks_are_those_of_summing_them_all() -> None:
+    # The running sums are kept up to the first place a sample went in or out since the last look;
+    # they must give what summing every weight again gives, to the last bit, whatever came between:
+    # samples with the window full or not, equal values, a rebase of the weights, forgotten samples.
+    rng = random.Random(3)
+
+    def summed_whole(samples: DecayedSamples, qs: tuple[float, ...]) -> tuple[float, ...]:
+        running = list(itertools.accumulate(samples._sorted_weights))
+        last = len(running) - 1
+        return tuple(samples._sorted[bisect.bisect_left(running, q * running[-1], 0, last)] for q in qs)
+
+    samples = DecayedSamples(window=64, half_life_s=5.0)
+    at, looks = 0.0, 0
+    for step in range(5_000):
+        at += rng.expovariate(2.0)
+        samples.add(at, float(rng.choice((0.5, 1.0, 2.0))) if step % 3 else rng.lognormvariate(0, 1))
+        if step == 2_500:
+            samples.forget_before(at - 3.0)
+        if rng.random() < 0.4:
+            qs = (0.5, 0.95, rng.random())
+            assert samples.quantiles(*qs) == summed_whole(samples, qs), step
+            looks += 1
+    assert looks > 1_000 and at / 5.0 > DecayedSamples.REBASE, "the weights were rebased on the way"
 
 
 def test_decayed_mean_leans_to_recent_values() -> None:
