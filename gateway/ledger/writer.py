@@ -347,7 +347,8 @@ class Ledger:
         try:
             spool.add(rows)
         except LedgerUnavailable as exc:
-            self.spool_errors += 1  # the rows still wait (keyed again later)
+            self.spool_errors += 1
+            self._unwritten.not_moved()  # they still wait (keyed again later)
             if not self._spool_failing:
                 log.error("%s; rows wait in memory (billable: at most %d)", exc, self._unwritten.max_rows)
             self._spool_failing = True
@@ -355,7 +356,7 @@ class Ledger:
         if self._spool_failing:
             log.warning("ledger spool %s takes rows again", spool.path)
         self._spool_failing = False
-        self._unwritten.forget(fresh)
+        self._unwritten.moved()
         self.rows_spooled += len(rows)
         self._batch, self._refused_batch = [], []
 
