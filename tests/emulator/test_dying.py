@@ -30,7 +30,11 @@ async def test_a_death_cuts_every_stream_held_and_refuses_connections_while_down
 ) -> None:
     server = emulator("b300-vllm", time_scale=SCALE)
     async with httpx.AsyncClient(base_url=server.url, timeout=30) as client:
-        await client.post("/emulator/faults", json={"seats": 1, "content_tokens": 100_000})
+        # Decoding 20x slower than the profile: at full speed the stream is 9,200 frames a real second,
+        # which a slow machine's client reads without ever yielding, so nothing else it asks is answered
+        # before the whole 100,000 tokens are in (the stream then ended before the death it waits for).
+        faults = {"seats": 1, "content_tokens": 100_000, "slowdown": 20.0}
+        await client.post("/emulator/faults", json=faults)
         decoding: list[str] = []
         queued: list[str] = []
         first_frames, never = asyncio.Event(), asyncio.Event()
