@@ -5,6 +5,7 @@ the traffic (1.00 is linear; the issue asks for at most 1.2).
 
     python -m bench.simspeed                         # kimi-day at 1/16, 1/4 and 1 of its traffic
     python -m bench.simspeed --base-scale 1          # 1x, 4x, 16x of the whole day (1.6M requests)
+    GATEWAY_NATIVE=off python -m bench.simspeed      # on the .py files of a compiled build
 
 CPU time (``time.process_time``), so that a machine others load skews it less than wall time.
 """
@@ -16,6 +17,7 @@ import sys
 import time
 from pathlib import Path
 
+from gateway import native
 from gateway.policy.load import load_policy
 from gateway.simulate.engine import PolicyRouter, Simulation
 from gateway.simulate.report import summarize
@@ -44,6 +46,7 @@ def main() -> int:
     parser.add_argument("--base-scale", type=float, default=1 / 16, help="the 1x run's arrival scale")
     args = parser.parse_args()
     print(f"{Path(args.workload).name} through {Path(args.policy).name}; 1x = arrivals x {args.base_scale:g}")
+    print(f"code: {native.state}")  # GATEWAY_NATIVE=off runs the .py files of a compiled build
     print(f"{'traffic':>8} {'requests':>10} {'CPU s':>8} {'req/CPU s':>10} {'vs linear':>10} {'failed':>7}")
     base_cpu = None
     for factor in FACTORS:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import logging
 
+from gateway import native
 from gateway.commands import (
     DEFAULT_POLICY,
     cmd_advise,
@@ -75,7 +76,7 @@ def build_parser() -> argparse.ArgumentParser:
             "gateway COMMAND --help            # each command's options, defaults and examples",
         ),
     )
-    parser.add_argument("--version", action="version", version=f"gateway {gateway_version()}")
+    parser.add_argument("--version", action="version", version=f"gateway {gateway_version()}, {native.state}")
     parser.add_argument(
         "--log-level", default="info", choices=["debug", "info", "warning", "error"], help="log verbosity"
     )

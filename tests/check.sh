@@ -95,9 +95,22 @@ step "types (mypy --strict)"
 .venv/bin/mypy
 
 if $fast; then
+  # No compiling here: a build older than the sources is never run (gateway/native.py), so this tests
+  # the .py files you just edited.
   step "tests, fast selection (pytest -m 'not slow')"
   .venv/bin/pytest -m 'not slow' "${FAST_TESTS[@]}" "$@"
 else
-  step "tests (pytest)"
+  step "compile the hot modules (python -m gateway.build_native build: mypyc, then gcc; minutes)"
+  .venv/bin/python -m gateway.build_native build
+  native_state="$(.venv/bin/python -m gateway.build_native status)"
+  case "$native_state" in
+    compiled*) echo "$native_state" ;;
+    *) echo "check.sh: the compiled modules are not in use: $native_state" >&2; exit 1 ;;
+  esac
+
+  step "tests (pytest, on the compiled modules)"
   .venv/bin/pytest "$@"
+
+  step "the tests that look inside a compiled module, on its .py file (GATEWAY_NATIVE=off pytest -m pure_python)"
+  GATEWAY_NATIVE=off .venv/bin/pytest -m pure_python "$@" || [ $? -eq 5 ]  # 5: none among those selected
 fi

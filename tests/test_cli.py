@@ -16,6 +16,7 @@ from pathlib import Path
 import httpx
 import pytest
 
+from gateway import native
 from gateway.cli import build_parser, main
 from tests.servers import ProcessServer, free_port, python_module
 
@@ -72,7 +73,8 @@ def gateway_command(*args: str, timeout: float = 60) -> subprocess.CompletedProc
 
 def test_version_is_the_installed_packages() -> None:
     result = gateway_command("--version")
-    assert result.returncode == 0 and result.stdout == f"gateway {version('gateway')}\n"
+    # and which code runs: the compiled modules (gateway/native.py) or the .py files, and why
+    assert result.returncode == 0 and result.stdout == f"gateway {version('gateway')}, {native.state}\n"
 
 
 def subcommands(parser: argparse.ArgumentParser, prefix: tuple[str, ...] = ()) -> Iterator[tuple[str, ...]]:

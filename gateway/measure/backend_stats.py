@@ -55,23 +55,39 @@ class BackendView:
         return self.completion_tokens_by_route.get(route)
 
 
+def _compiled(cls: type) -> bool:
+    return hasattr(cls, "__mypyc_attrs__")  # what mypyc gives every class it compiles
+
+
 # A frozen dataclass's __init__ sets each of the 25 fields through object.__setattr__ (~5.5 us a view,
-# built ~5 times per simulated request). ``BackendStats.view`` builds an unfrozen twin with the same
-# slots in the same order (plain attribute stores, ~0.5 us) and turns it into a BackendView: the
-# layouts are the same, so Python allows the ``__class__`` assignment, and the result is a BackendView
-# like any other (frozen, equal to one built the usual way).
-_ViewDraft: Any = make_dataclass(
-    "_ViewDraft",
-    [
-        (f.name, f.type, field(default=f.default, default_factory=f.default_factory))
-        for f in fields(BackendView)
-    ],
-    slots=True,
-    eq=False,
-    repr=False,
-)
-if _ViewDraft.__slots__ != BackendView.__slots__:  # what the __class__ assignment relies on
-    raise TypeError("_ViewDraft must have BackendView's slots in the same order")
+# built ~5 times per simulated request). Interpreted, ``BackendStats.view`` builds an unfrozen twin
+# with the same slots in the same order (plain attribute stores, ~0.5 us) and turns it into a
+# BackendView: the layouts are the same, so Python allows the ``__class__`` assignment, and the result
+# is a BackendView like any other (frozen, equal to one built the usual way). Compiled
+# (gateway/native.py), BackendView's own constructor stores the fields straight into its struct.
+_ViewDraft: Any = None
+if not _compiled(BackendView):
+    _ViewDraft = make_dataclass(
+        "_ViewDraft",
+        [
+            (f.name, f.type, field(default=f.default, default_factory=f.default_factory))
+            for f in fields(BackendView)
+        ],
+        slots=True,
+        eq=False,
+        repr=False,
+    )
+    if _ViewDraft.__slots__ != cast(Any, BackendView).__slots__:  # what the __class__ assignment relies on
+        raise TypeError("_ViewDraft must have BackendView's slots in the same order")
+
+
+def _view_through_draft(*fields_in_order: Any) -> BackendView:
+    view = _ViewDraft(*fields_in_order)
+    view.__class__ = BackendView
+    return cast(BackendView, view)
+
+
+new_view: Callable[..., BackendView] = BackendView if _compiled(BackendView) else _view_through_draft
 
 
 def backend_state(view: BackendView, scraped: Mapping[str, object] | None) -> str:
@@ -293,7 +309,7 @@ class BackendStats:
         paused_until = self.pause_at(now)
         breaker = self.breaker
         quantiles = self.quantiles
-        view = _ViewDraft(  # positional, in field order: keywords cost ~1 us a view
+        view = new_view(  # positional, in field order: keywords cost ~1 us a view
             self.name,  # name
             self.summarized_samples,  # samples
             self.last_sample_at,  # last_sample_at
@@ -320,8 +336,7 @@ class BackendStats:
             self.last_user_sample_at,  # last_user_sample_at
             completion,  # completion_tokens_by_route
         )
-        view.__class__ = BackendView
-        self.cached_view = cast(BackendView, view)
+        self.cached_view = view
         self.changed = False
         # The next moment this view may go out of date with nothing fed in: a circuit's cooldown
         # ends, signals go stale, pending samples are due, or busy concurrency drifts.

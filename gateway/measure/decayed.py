@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import bisect
 import itertools
+from typing import ClassVar
 
 
 class DecayedSamples:
@@ -24,7 +25,7 @@ class DecayedSamples:
 
     # Half-lives between base and the newest sample before the weights are rebased (2**REBASE is far
     # from a float's limit; any window of samples spans many fewer half-lives in practice).
-    REBASE = 256.0
+    REBASE: ClassVar[float] = 256.0  # a class attribute when compiled too (gateway/native.py)
 
     def __init__(self, window: int, half_life_s: float) -> None:
         self._window = window

@@ -59,6 +59,7 @@ class Outcome(NamedTuple):
     error: str | None
     prompt_tokens: int = 0  # of the answered attempt
     cached_tokens: int = 0  # of those, found in the serving backend's prefix cache
+    resumed: bool = False  # an attempt took over a cut stream (the ledger's attempt_log "resumed")
 
 
 @dataclass
@@ -252,7 +253,8 @@ class Simulation:
         flight: _Flight = job.owner
         if flight.job is not job or job.state not in ("waiting", "prefill"):
             return
-        self.models[self._backend_of(flight)].cancel(job)
+        assert flight.attempt is not None  # a flight's job belongs to its current attempt
+        self.models[flight.attempt.backend].cancel(job)
         self._attempt_failed(flight, "timeout", None)
 
     # JobSink: what the backend models report.
@@ -327,10 +329,6 @@ class Simulation:
         self._next_attempt(flight)
         self.waiting.notify()
 
-    def _backend_of(self, flight: _Flight) -> str:
-        assert flight.attempt is not None
-        return flight.attempt.backend
-
     def _finish(self, flight: _Flight, error: str | None) -> None:
         observation = flight.observation
         observation.finished_at = self.timeline.now
@@ -357,6 +355,7 @@ class Simulation:
                 error,
                 flight.req.prompt_tokens if ok else 0,
                 flight.job.cached_tokens if ok and flight.job is not None else 0,
+                any(a.resumed for a in observation.attempts),
             )
         )
         # Unlinked from its job (a cycle): reference counting frees both, not the cyclic collector.

@@ -277,17 +277,6 @@ def through_gateway(
     }
 
 
-class _CountingResumes(Simulation):
-    """The simulation, counting the requests with an attempt that took over a cut stream, as the
-    gateway's ledger shows them (``attempt_log``'s ``resumed``); the run's result does not carry it."""
-
-    resumed = 0
-
-    def _finish(self, flight: Any, error: str | None) -> None:
-        self.resumed += any(a.resumed for a in flight.observation.attempts)
-        super()._finish(flight, error)
-
-
 def through_simulator(
     work: Workload,
     tmp: Path,
@@ -300,10 +289,10 @@ def through_simulator(
     path = tmp / "sim-policy.yaml"
     path.write_text(policy_text(urls, 1.0, probes, declared_seats, resuming))
     os.environ["FIDELITY_PAID_KEY"] = PAID_KEY
-    simulation = _CountingResumes(load_policy(path), work, PolicyRouter("fidelity"), seed=seed)
+    simulation = Simulation(load_policy(path), work, PolicyRouter("fidelity"), seed=seed)
     result: RunResult = simulation.run()
     summary = summarize(result)
-    summary["resumed"] = simulation.resumed
+    summary["resumed"] = sum(outcome.resumed for outcome in result.outcomes)
     summary["probes"] = dict(simulation.prober.sent)
     summary["api_usd"] = sum(result.api_usd.values())
     return summary

@@ -14,6 +14,8 @@ from pathlib import Path
 from types import FrameType
 from typing import Any
 
+import pytest
+
 from gateway.emulator import PROFILES
 from gateway.policy.decide import CandidateEval, Decision
 from gateway.policy.schema import Slo, Waiting
@@ -88,6 +90,7 @@ def backend_queue_work(n: int) -> int:
     return CountingJob.comparisons + lines[0]
 
 
+@pytest.mark.pure_python  # counts the lines run in backends.py: a compiled module runs none
 def test_a_backend_queue_cancelled_out_of_order_costs_linear_work() -> None:
     small, large = backend_queue_work(500), backend_queue_work(2000)
     assert large / small <= LINEAR_ENOUGH, (small, large)
@@ -122,6 +125,7 @@ def waiting_room_work(n: int, tmp_path: Path) -> int:
     return lines[0]
 
 
+@pytest.mark.pure_python  # counts the lines run in waiting.py
 def test_a_waiting_room_left_from_the_back_costs_linear_work(tmp_path: Path) -> None:
     small, large = waiting_room_work(500, tmp_path), waiting_room_work(2000, tmp_path)
     assert large / small <= LINEAR_ENOUGH, (small, large)

@@ -37,6 +37,7 @@ def _kimi_day(scale: float) -> tuple[RunResult, dict[str, int], int]:
 
 
 @pytest.mark.slow
+@pytest.mark.pure_python  # counts the prober's looks through a patched method
 def test_skipped_looks_change_nothing(monkeypatch: pytest.MonkeyPatch) -> None:
     # kimi-day has the B300 pool die (probes find it back) and the API slow down for an hour.
     skipping, sent, looks = _kimi_day(1 / 32)
