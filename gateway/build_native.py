@@ -53,13 +53,11 @@ def build(log: Path) -> None:
 
 
 def clean() -> int:
-    """Remove the compiled modules and the manifest; returns how many files went."""
+    """Remove every extension module under gateway/ (all of them are builds of ours, of this list or an
+    older one) and the manifest; returns how many files went."""
     removed = 0
-    suffixes = tuple(importlib.machinery.EXTENSION_SUFFIXES)
-    names = [*MODULES, f"{GROUP}__mypyc"]
-    for path in [*PACKAGE_DIR.rglob("*.so"), *PACKAGE_DIR.rglob("*.pyd")]:
-        dotted = ".".join(("gateway", *path.relative_to(PACKAGE_DIR).parts))
-        if any(dotted == name + suffix.replace("/", ".") for name in names for suffix in suffixes):
+    for suffix in importlib.machinery.EXTENSION_SUFFIXES:
+        for path in PACKAGE_DIR.rglob(f"*{suffix}"):
             path.unlink()
             removed += 1
     MANIFEST.unlink(missing_ok=True)
@@ -70,7 +68,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     import argparse
 
     parser = argparse.ArgumentParser(
-        prog="python -m gateway.native",
+        prog="python -m gateway.build_native",
         description="Compile the gateway's hot modules with mypyc (needs mypy and a C compiler).",
     )
     parser.add_argument("action", choices=("build", "clean", "status"))

@@ -42,7 +42,11 @@ MODULES = (
     "gateway.measure.recovery",
     "gateway.measure.signals",
     "gateway.measure.stats",
+    "gateway.emulator.profiles",
+    "gateway.money.costs",
+    "gateway.policy.compiled",
     "gateway.policy.decide",
+    "gateway.policy.evaluate",
     "gateway.simulate.backends",
     "gateway.simulate.engine",
     "gateway.simulate.probing",
@@ -51,6 +55,7 @@ MODULES = (
     "gateway.simulate.timeline",
     "gateway.simulate.waiting",
     "gateway.simulate.watched_stats",
+    "gateway.values.observation",
 )
 
 
@@ -77,15 +82,18 @@ def _read_manifest() -> dict[str, object] | None:
 class _FromSource(importlib.abc.MetaPathFinder):
     """Imports the compiled modules from their ``.py`` files, ahead of the extension modules."""
 
+    def __init__(self, names: frozenset[str]) -> None:
+        self.names = names
+
     def find_spec(
         self, fullname: str, path: Sequence[str] | None, target: ModuleType | None = None
     ) -> importlib.machinery.ModuleSpec | None:
-        if fullname not in MODULES:
+        if fullname not in self.names:
             return None
         return importlib.util.spec_from_file_location(fullname, source_of(fullname))
 
 
-# One line for ``gateway --version``, the start-up log and the benchmarks: which code is running.
+# One line for ``gateway --version`` and the benchmarks: which code is running.
 state = "pure Python (not built: python -m gateway.build_native build)"
 
 
@@ -96,7 +104,7 @@ def guard() -> None:
     if os.environ.get("GATEWAY_NATIVE", "").lower() in ("0", "off", "false", "no"):
         state = "pure Python (GATEWAY_NATIVE=off)"
     elif manifest is None:
-        return  # nothing built: the importer finds the .py files anyway
+        pass  # nothing built, or a build under way or failed: its extension modules may be half there
     elif manifest.get("built_for") != built_for():
         state = f"pure Python (compiled for {manifest.get('built_for')}, not this interpreter)"
     elif manifest.get("sources") != source_hashes():
@@ -104,10 +112,7 @@ def guard() -> None:
     else:
         state = f"compiled: {len(MODULES)} modules (mypyc)"
         return
-    sys.meta_path.insert(0, _FromSource())
-
-
-def compiled_now() -> bool:
-    """Whether the modules imported so far are the compiled ones (False before any is imported)."""
-    module = sys.modules.get(MODULES[0])
-    return module is not None and not str(module.__file__).endswith(".py")
+    # The modules built, too: a build from an older list may hold one this list no longer names.
+    built = manifest.get("sources") if manifest is not None else None
+    names = frozenset(MODULES) | (frozenset(built) if isinstance(built, dict) else frozenset())
+    sys.meta_path.insert(0, _FromSource(names))

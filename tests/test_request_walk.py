@@ -150,6 +150,7 @@ async def _tasks() -> set[asyncio.Task[Any]]:
     return {task for task in asyncio.all_tasks() if task is not current}
 
 
+@pytest.mark.pure_python  # sees the modules a request enters by their Python frames: compiled ones have none
 def test_a_streamed_request_enters_the_modules_the_readme_lists_in_that_order(quiet_gateway: Gateway) -> None:
     body = {"model": "chat", "messages": HELLO, "stream": True}
     before = asyncio.run_coroutine_threadsafe(_tasks(), loop_of(quiet_gateway)).result(10)
