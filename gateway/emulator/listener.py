@@ -30,6 +30,9 @@ class Gate(Protocol):
         ...
 
 
+_RECHECK_S = 0.001  # how soon a refusing server looks again when the load should be over already
+
+
 class GatedServer(uvicorn.Server):
     """``uvicorn.Server`` for an emulator app: listens on config.host:config.port when the engine lets it."""
 
@@ -61,11 +64,13 @@ class GatedServer(uvicorn.Server):
 
     async def _watch(self, emulator: Gate) -> None:
         # Woken only by a change of state, never on a timer while listening: periodic wake-ups of the
-        # loop would tighten the timers of the emulated requests.
+        # loop would tighten the timers of the emulated requests. What to wait for follows from what
+        # _follow did, not from a second reading of the clock: a timer that fires a hair early finds
+        # the engine still loading, and if the load ended between that reading and another, waiting
+        # for a reboot would leave the port refusing for good.
         while True:
-            left = emulator.loading_left_s()
-            if left > 0:
-                await asyncio.sleep(left)
+            if self._listening is None:
+                await asyncio.sleep(max(emulator.loading_left_s(), _RECHECK_S))
             else:
                 await emulator.reboot()
             await self._follow(emulator)
