@@ -40,11 +40,15 @@ MODULES = (
     "gateway.measure.backend_stats",
     "gateway.measure.decayed",
     "gateway.measure.health",
+    "gateway.measure.meter",
+    "gateway.measure.transcript",
     "gateway.measure.probe_plan",
     "gateway.measure.recovery",
     "gateway.measure.signals",
     "gateway.measure.stats",
     "gateway.emulator.profiles",
+    "gateway.ledger.rejection",
+    "gateway.ledger.rows",
     "gateway.money.costs",
     "gateway.policy.compiled",
     "gateway.policy.decide",
@@ -61,6 +65,7 @@ MODULES = (
     "gateway.telemetry.encode",
     "gateway.telemetry.otlp",
     "gateway.telemetry.record",
+    "gateway.values.dialect",
     "gateway.values.observation",
 )
 
