@@ -37,6 +37,8 @@ GROUP = "gateway.native"  # the shared library every compiled module's shim load
 # A class defined here cannot be subclassed by Python code (tests included), and its methods cannot be
 # patched: tests that look inside one (line tracing, patched methods) are marked ``pure_python``.
 MODULES = (
+    "gateway.backends.chat_shape",
+    "gateway.doors.openai",
     "gateway.measure.backend_stats",
     "gateway.measure.decayed",
     "gateway.measure.health",
@@ -53,6 +55,9 @@ MODULES = (
     "gateway.policy.compiled",
     "gateway.policy.decide",
     "gateway.policy.evaluate",
+    "gateway.request.answer_headers",
+    "gateway.request.privacy",
+    "gateway.request.refusals",
     "gateway.simulate.backends",
     "gateway.simulate.engine",
     "gateway.simulate.probing",
