@@ -64,8 +64,8 @@ EVENTS: list[tuple[str, dict[str, Any]]] = [
 def ours() -> tuple[float, float]:
     """The gateway's way: the request path takes a flat record of the settled request
     (``gateway.telemetry.record``; "making spans" here is making the request's own objects, which the
-    gateway makes anyway, and that record); the exporter's thread writes its spans straight to OTLP
-    bytes (``gateway.telemetry.encode``)."""
+    gateway makes anyway, and that record), and its spans are written from it straight to OTLP bytes
+    (``gateway.telemetry.encode``)."""
     from gateway.policy.decide import Decision
     from gateway.policy.evaluate import CandidateEval
     from gateway.policy.schema import Slo

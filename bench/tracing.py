@@ -6,7 +6,7 @@ its server span, decision events and attempt span, exported over OTLP/HTTP to a 
 module's own, in another process that only answers 200), measured in alternating rounds (off, on, off,
 on...) so that other people's load on the machine falls on both alike. Each run is the suite's closed
 loop at saturation, streamed and whole, and reads the gateway's own CPU seconds per request (its
-exporter thread included). The backends take the trace context (``trace_context: true``), so the
+exporter included). The backends take the trace context (``trace_context: true``), so the
 traceparent header is built and sent too. Prints the ratio on/off of the medians.
 
 ``--base DIR``: a third gateway in the same rounds, tracing on, its ``gateway`` package from DIR (another

@@ -203,9 +203,9 @@ class Runtime(Books):
         async def metrics() -> None:
             self.metrics.close()
 
-        async def exporter() -> None:  # what is queued goes out, within the export timeout, off the loop
+        async def exporter() -> None:  # what is queued goes out, within the exporter's own bound
             if self.tracer is not None:
-                await asyncio.to_thread(self.tracer.close)
+                await self.tracer.close()
 
         await close_in_stages([
             Stage("background tasks (policy watch, fleet sync, ledger view)", background, 1.0),

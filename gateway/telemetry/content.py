@@ -2,9 +2,9 @@
 GenAI semantic conventions' ``gen_ai.input.messages`` (docs/gen-ai/gen-ai-input-messages.json: a JSON
 array of ``{role, parts}``), written on the request path from the client's payload when it settles, and
 ``gen_ai.output.messages`` (docs/gen-ai/gen-ai-output-messages.json of
-open-telemetry/semantic-conventions: a JSON array of ``{role, parts, finish_reason}``), written in the
-exporter's thread from what the request path kept: a whole answer's body as the upstream sent it, or a
-stream's text as its meter saw it go by.
+open-telemetry/semantic-conventions: a JSON array of ``{role, parts, finish_reason}``), written by the
+exporter as it posts the trace's batch, from what the request path kept: a whole answer's body as the
+upstream sent it, or a stream's text as its meter saw it go by.
 
 Bounded: at most ``MAX_ANSWER_CHARS`` characters of prompt text (its first ones: the message where the
 bound falls is cut and says ``gateway.truncated``, later ones are left out), and as many of answer text
@@ -24,7 +24,7 @@ MAX_ANSWER_CHARS = 32_768
 KEPT_STREAM_CHARS = MAX_ANSWER_CHARS + 1
 
 # The answer as the request path kept it for the trace: a whole answer's body as the upstream sent it
-# (read here, in the exporter's thread), or a stream's text, its finish reason and its tool calls (id,
+# (read here, as the exporter posts its batch), or a stream's text, its finish reason and its tool calls (id,
 # name, arguments; with the text, at most KEPT_STREAM_CHARS characters).
 StreamedCall = tuple[str | None, str | None, str]
 StreamedChoice = tuple[str, str | None, tuple[StreamedCall, ...]]

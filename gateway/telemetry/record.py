@@ -1,14 +1,15 @@
 """A settled request as one flat record: the values its spans are written from, taken on the request path
-the moment it settles (``request_record``) and read by the exporter's thread alone.
+the moment it settles (``request_record``) and written to spans at once, or (a trace that holds the
+prompt and answer) by the exporter as it posts the batch.
 
-Why a record, and not the request's own objects: the exporter writes a request's spans up to a second
-later, in another thread. Handed the ``Observation`` and the ``Decision``, that thread would read objects
-the request path made (a decision's candidates are built lazily, on first read) and keep a dozen of
-them alive per request until then, which the cyclic collector walks again and again and which are out
-of the CPU's caches by the time they are read. A record holds only strings, numbers, bytes and tuples
-of them: immutable, so no thread can see it change, and out of the collector's sight once it has looked
-at it once. Its fields are ordered so that the values a span's cached block is written from are one
-slice (``encode`` looks its blocks up by ``record[5:15]`` and ``attempt[:9]``).
+Why a record, and not the request's own objects: the exporter may write a request's spans up to a second
+later (and once did so in a thread of its own). Handed the ``Observation`` and the ``Decision``, it
+would read objects the request path made (a decision's candidates are built lazily, on first read) and
+keep a dozen of them alive per request until then, which the cyclic collector walks again and again and
+which are out of the CPU's caches by the time they are read. A record holds only strings, numbers,
+bytes and tuples of them: immutable, so nothing can see it change, and out of the collector's sight
+once it has looked at it once. Its fields are ordered so that the values a span's cached block is
+written from are one slice (``encode`` looks its blocks up by ``record[5:15]`` and ``attempt[:9]``).
 """
 
 from __future__ import annotations
@@ -183,7 +184,7 @@ def _attempt(
 
 def decision_record(decision: Decision) -> DecisionRecord:
     """The decision's candidates, built here (``Decision.evals`` is lazy) from the snapshot it decided
-    on, so the exporter's thread never reads the ``Decision``."""
+    on, so the exporter never reads the ``Decision``."""
     cached = decision.cached_tokens
     return (
         decision.reason,

@@ -3,9 +3,9 @@
 On the request path it does three small things: reads the client's traceparent and samples at arrival
 (``begin``), gives each attempt's call its traceparent (``headers``, for backends that take one) and,
 once the answer has gone out, writes the settled request's spans (``finish``: its flat ``record``,
-written by ``encode``) and queues them for the exporter's thread, which posts them in batches. A trace
-that holds the prompt and answer (``telemetry.content``) queues its record instead: its JSON is written
-in the exporter's thread, off the event loop."""
+written by ``encode``) and queues them for the exporter, which posts them in batches from a task of its
+own. A trace that holds the prompt and answer (``telemetry.content``) queues its record instead: its JSON
+is written as its batch is posted, not while the answer is on its way."""
 
 from __future__ import annotations
 
@@ -87,8 +87,8 @@ class Tracer:
                 PendingProbe(observation.attempts[0], backend, self._wall_clock() - self._clock())
             )
 
-    def close(self) -> None:
-        self.exporter.close()
+    async def close(self) -> None:
+        await self.exporter.close()
 
 
 class RequestTrace:
@@ -178,12 +178,12 @@ class RequestTrace:
         )
         exporter = self._tracer.exporter
         if prompt is not None or answer is not None or exporter.full:
-            exporter.put(record)  # its content is written as JSON off the loop, in the exporter's thread
+            exporter.put(record)  # its content is written as JSON when its batch is posted
             return
         # Written now, while what the spans are written from is in the CPU's caches (the answer has
-        # gone out: nobody waits on this), not a batch later in the exporter's thread, on records other
-        # requests' work had pushed out (there it took 17-24 us a request with its post; here 13.8 us
-        # p50, and the post 2.8: docs/performance.md, "Tracing off and on").
+        # gone out: nobody waits on this), not a batch later, on records other requests' work had
+        # pushed out (written then, in the thread the exporter once had, it took 17-24 us a request
+        # with its post; here 13.8 us p50, and the post 2.8: docs/performance.md, "Tracing off and on").
         try:
             messages = request_messages(record)
         except Exception:  # a bug in writing one request's spans must not fail the request
@@ -219,12 +219,12 @@ class PendingProbe:
 
 
 # What the request path queues for the exporter: a request's spans already written, or what they are
-# written from in the exporter's thread (a request whose trace holds its prompt and answer; a probe).
+# written from as the batch is posted (a request whose trace holds its prompt and answer; a probe).
 Pending = list[bytes] | RequestRecord | PendingProbe
 
 
 def span_messages(pending: Pending) -> list[bytes]:
-    """In the exporter's thread: the spans of a settled request or a probe, as OTLP ``Span`` messages."""
+    """As a batch is posted: the spans of a settled request or a probe, as OTLP ``Span`` messages."""
     if isinstance(pending, list):
         return pending
     return request_messages(pending) if isinstance(pending, tuple) else pending.span_messages()

@@ -1,9 +1,10 @@
-"""Woken by a full batch, the exporter posts full batches only: what the request path queues while one
-is being posted waits for the next full batch (or the flush interval, or the stop) rather than going out
-in a small post of its own, each post costing the same HTTP exchange whatever it carries."""
+"""A full batch starts a post, and the exporter posts full batches only: what the request path queues
+while one is being posted waits for the next full batch (or the flush interval, or the stop) rather than
+going out in a small post of its own, each post costing the same HTTP exchange whatever it carries."""
 
 from __future__ import annotations
 
+import asyncio
 import time
 
 from gateway.telemetry.context import Sampler
@@ -20,29 +21,51 @@ def one_span(index: int) -> list[bytes]:
     return [ids + text_field(5, "queued") + b"\x30\x01" + span_times(index, index)]
 
 
-def test_a_wake_up_posts_full_batches_and_the_rest_waits_for_the_stop() -> None:
+def settings_for(url: str, flush_interval_s: float) -> TelemetrySettings:
+    return TelemetrySettings(
+        endpoint=f"{url}/v1/traces",
+        headers=(),
+        sampler=Sampler(),
+        service_name="test",
+        content=False,
+        max_queued_traces=100,
+        batch_traces=BATCH,
+        flush_interval_s=flush_interval_s,
+        export_timeout_s=5.0,
+    )
+
+
+async def exported(exporter: SpanExporter[int], count: int) -> None:
+    deadline = time.monotonic() + 20
+    while exporter.exported_spans < count:
+        assert time.monotonic() < deadline, f"exported {exporter.exported_spans}"
+        await asyncio.sleep(0.01)
+
+
+async def test_full_batches_go_at_once_and_the_rest_waits_for_the_stop() -> None:
     with otlp_receiver() as (receiver, server):
-        settings = TelemetrySettings(
-            endpoint=f"{server.url}/v1/traces",
-            headers=(),
-            sampler=Sampler(),
-            service_name="test",
-            content=False,
-            max_queued_traces=100,
-            batch_traces=BATCH,
-            flush_interval_s=3600.0,  # never, here: only full batches and the stop send anything
-            export_timeout_s=5.0,
+        # The flush interval never comes, here: only full batches and the stop send anything.
+        exporter: SpanExporter[int] = SpanExporter(
+            settings_for(server.url, 3600.0), {}, one_span, lambda _: 1
         )
-        exporter: SpanExporter[int] = SpanExporter(settings, {}, one_span, lambda _: 1)
         for index in range(1, 2 * BATCH + 3):  # two full batches and two more
             exporter.put(index)
-        deadline = time.monotonic() + 20
-        while exporter.exported_spans < 2 * BATCH:
-            assert time.monotonic() < deadline, f"exported {exporter.exported_spans}"
-            time.sleep(0.01)
-        time.sleep(0.2)  # room for a wrong post of the last two
+        await exported(exporter, 2 * BATCH)
+        await asyncio.sleep(0.2)  # room for a wrong post of the last two
         assert exporter.exported_spans == 2 * BATCH and exporter.queued == 2
         assert [len(spans_of(body)) for body in receiver.bodies] == [BATCH, BATCH]
-        exporter.close()
+        await exporter.close()
         assert [len(spans_of(body)) for body in receiver.bodies] == [BATCH, BATCH, 2]
         assert exporter.queued == 0 and exporter.exported_spans == 2 * BATCH + 2
+
+
+async def test_a_lone_trace_goes_at_the_flush_interval() -> None:
+    with otlp_receiver() as (receiver, server):
+        exporter: SpanExporter[int] = SpanExporter(settings_for(server.url, 0.1), {}, one_span, lambda _: 1)
+        exporter.put(1)
+        assert exporter.queued == 1
+        await exported(exporter, 1)
+        exporter.put(2)  # the interval is armed again by the next one that waits
+        await exported(exporter, 2)
+        assert [len(spans_of(body)) for body in receiver.bodies] == [1, 1]
+        await exporter.close()

@@ -163,7 +163,7 @@ def test_a_request_without_decision_usage_or_content() -> None:
 
 
 def test_a_record_holds_only_immutable_values_taken_when_the_request_settles() -> None:
-    """The exporter's thread reads records alone: nothing in one may be an object the request path still
+    """A record may be written to spans a batch later: nothing in one may be an object the request path still
     holds (the decision's candidates, built lazily, are built by whoever takes the record)."""
     backends = load_policy(POLICY).backends
     ids, observation, eager = settled(2)
