@@ -44,11 +44,48 @@ def telemetry_settings(policy: Telemetry, environ: Mapping[str, str]) -> Telemet
         sampler=sampler_of(policy.sample_ratio, environ),
         service_name=policy.service_name or environ.get("OTEL_SERVICE_NAME") or "llm-gateway",
         content=policy.content,
-        max_queued_traces=policy.max_queued_traces,
-        batch_traces=policy.batch_traces,
-        flush_interval_s=policy.flush_interval_s,
-        export_timeout_s=policy.export_timeout_s,
+        max_queued_traces=int(_batching(policy, "max_queued_traces", environ)),
+        batch_traces=int(_batching(policy, "batch_traces", environ)),
+        flush_interval_s=_batching(policy, "flush_interval_s", environ),
+        export_timeout_s=_batching(policy, "export_timeout_s", environ),
     )
+
+
+# The batch span processor's and the OTLP exporter's standard variables, for what the policy leaves
+# unset: by field, the variables in the order they are read, and the factor from their unit (the
+# specification's: milliseconds; counts of spans, read here as counts of traces, which the gateway
+# queues and batches whole).
+BATCHING_VARIABLES: dict[str, tuple[tuple[str, ...], float]] = {
+    "max_queued_traces": (("OTEL_BSP_MAX_QUEUE_SIZE",), 1.0),
+    "batch_traces": (("OTEL_BSP_MAX_EXPORT_BATCH_SIZE",), 1.0),
+    "flush_interval_s": (("OTEL_BSP_SCHEDULE_DELAY",), 0.001),
+    "export_timeout_s": (
+        ("OTEL_EXPORTER_OTLP_TRACES_TIMEOUT", "OTEL_EXPORTER_OTLP_TIMEOUT", "OTEL_BSP_EXPORT_TIMEOUT"),
+        0.001,
+    ),
+}
+
+
+def _batching(policy: Telemetry, field: str, environ: Mapping[str, str]) -> float:
+    """A batching setting: the policy's when it sets it, else the first standard variable set to a value
+    the policy's own bounds admit (one that is not is named in a warning and passed over), else the
+    policy's default."""
+    configured = float(getattr(policy, field))
+    if field in policy.model_fields_set:
+        return configured
+    names, factor = BATCHING_VARIABLES[field]
+    for name in names:
+        text = environ.get(name, "").strip()
+        if not text:
+            continue
+        try:
+            value = float(text) * factor
+            Telemetry.model_validate({field: int(value) if factor == 1.0 else value})
+        except (ValueError, OverflowError):  # pydantic's ValidationError is a ValueError
+            log.warning("%s=%s is not a usable value; keeping %s: %g", name, text, field, configured)
+            continue
+        return value
+    return configured
 
 
 def traces_url(configured: str | None, environ: Mapping[str, str]) -> str | None:

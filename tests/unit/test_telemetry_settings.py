@@ -124,3 +124,35 @@ def test_a_settled_request_as_spans_with_its_queue_and_a_resume_link() -> None:
     assert second.attributes["gen_ai.usage.cache_read.input_tokens"] == 64
     assert first.status_code == 2 and first.attributes["error.type"] == "dropped"
     assert second.links == [(TRACE, first.span_id, {"gateway.link": "resumes"})]
+
+
+def test_batching_from_the_standard_variables_where_the_policy_is_silent() -> None:
+    endpoint = {"OTEL_EXPORTER_OTLP_ENDPOINT": "http://collector:4318"}
+    standard = {
+        **endpoint,
+        "OTEL_BSP_MAX_QUEUE_SIZE": "4096",
+        "OTEL_BSP_MAX_EXPORT_BATCH_SIZE": "128",
+        "OTEL_BSP_SCHEDULE_DELAY": "250",  # milliseconds, as the specification's are
+        "OTEL_BSP_EXPORT_TIMEOUT": "30000",
+        "OTEL_EXPORTER_OTLP_TIMEOUT": "7000",  # the exporter's own timeout comes before the processor's
+    }
+    read = telemetry_settings(Telemetry(), standard)
+    assert read is not None
+    assert (read.max_queued_traces, read.batch_traces) == (4096, 128)
+    assert (read.flush_interval_s, read.export_timeout_s) == (0.25, 7.0)
+    policy = Telemetry.model_validate({"batch_traces": 16, "flush_interval_s": 2.0})
+    mixed = telemetry_settings(policy, standard)
+    assert mixed is not None and (mixed.batch_traces, mixed.flush_interval_s) == (16, 2.0), "the policy wins"
+    assert mixed.max_queued_traces == 4096
+    unset = telemetry_settings(Telemetry(), endpoint)
+    assert unset is not None and (unset.max_queued_traces, unset.batch_traces) == (2048, 256)
+
+
+@pytest.mark.parametrize("value", ["lots", "0", "-5", "inf", "nan", "2000000"])
+def test_a_standard_variable_the_policy_would_refuse_is_passed_over(
+    value: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    environ = {"OTEL_EXPORTER_OTLP_ENDPOINT": "http://c:4318", "OTEL_BSP_MAX_QUEUE_SIZE": value}
+    read = telemetry_settings(Telemetry(), environ)
+    assert read is not None and read.max_queued_traces == 2048
+    assert "OTEL_BSP_MAX_QUEUE_SIZE" in caplog.text
