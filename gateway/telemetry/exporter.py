@@ -26,7 +26,7 @@ from gateway.telemetry.spans import AttributeValue
 log = logging.getLogger("gateway")
 SCOPE = ("gateway.telemetry", "1")
 WARN_EVERY_S = 60.0
-CLOSE_WAIT_S = 5.0
+CLOSE_WAIT_S = 2.5  # within the 3 s the runtime's stop gives the exporter: it ends on its own terms
 WRITE_TURN = 32  # spans of this many traces written, then the loop's other work gets a turn
 ANSWER_LIMIT = 1 << 20  # a receiver's answer to an export (OTLP's is a small message) is read, then dropped
 

@@ -5,13 +5,16 @@ going out in a small post of its own, each post costing the same HTTP exchange w
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
+
+import pytest
 
 from gateway.telemetry.context import Sampler
 from gateway.telemetry.exporter import SpanExporter
 from gateway.telemetry.otlp import span_ids, span_times, text_field
 from gateway.telemetry.settings import TelemetrySettings
-from tests.telemetry.receiver import otlp_receiver, spans_of
+from tests.telemetry.receiver import hanging_receiver, otlp_receiver, spans_of
 
 BATCH = 4
 
@@ -69,3 +72,18 @@ async def test_a_lone_trace_goes_at_the_flush_interval() -> None:
         await exported(exporter, 2)
         assert [len(spans_of(body)) for body in receiver.bodies] == [1, 1]
         await exporter.close()
+
+
+async def test_a_stop_with_a_hung_receiver_ends_within_its_bound_and_says_what_was_not_sent(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    with hanging_receiver() as url:
+        exporter: SpanExporter[int] = SpanExporter(settings_for(url, 3600.0), {}, one_span, lambda _: 1)
+        for index in range(1, BATCH + 3):  # a full batch, posted at once and stuck, and two waiting
+            exporter.put(index)
+        await asyncio.sleep(0.2)
+        with caplog.at_level(logging.WARNING, logger="gateway"):
+            async with asyncio.timeout(30):  # a bound far past the stop's: it must end by itself
+                await exporter.close(timeout_s=0.5)
+        assert exporter.exported_spans == 0
+        assert "the stop's 0.5s ran out; 2 traces not sent" in caplog.text
