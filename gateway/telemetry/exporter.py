@@ -139,7 +139,7 @@ class SpanExporter(Generic[Pending]):
 
     async def _export_queued(self, at_least: int) -> None:
         queue = self._queue
-        while len(queue) >= at_least and queue:
+        while len(queue) >= at_least:
             batch: list[Pending] = []
             while queue and len(batch) < self._batch:
                 batch.append(queue.popleft())

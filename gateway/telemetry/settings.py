@@ -70,22 +70,22 @@ def _batching(policy: Telemetry, field: str, environ: Mapping[str, str]) -> floa
     """A batching setting: the policy's when it sets it, else the first standard variable set to a value
     the policy's own bounds admit (one that is not is named in a warning and passed over), else the
     policy's default."""
-    configured = float(getattr(policy, field))
+    configured = getattr(policy, field)
     if field in policy.model_fields_set:
-        return configured
+        return float(configured)
     names, factor = BATCHING_VARIABLES[field]
     for name in names:
         text = environ.get(name, "").strip()
         if not text:
             continue
         try:
-            value = float(text) * factor
-            Telemetry.model_validate({field: int(value) if factor == 1.0 else value})
+            value = type(configured)(float(text) * factor)  # a count stays a count
+            Telemetry.model_validate({field: value})
         except (ValueError, OverflowError):  # pydantic's ValidationError is a ValueError
             log.warning("%s=%s is not a usable value; keeping %s: %g", name, text, field, configured)
             continue
-        return value
-    return configured
+        return float(value)
+    return float(configured)
 
 
 def traces_url(configured: str | None, environ: Mapping[str, str]) -> str | None:
