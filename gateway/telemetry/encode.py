@@ -2,8 +2,8 @@
 the route's queue, one client span per attempt, the decision as events, with no span objects in between.
 
 The spans and their attributes are those ``spans`` describes (GenAI semantic conventions, ``gateway.*``
-where none exists); this writes them, on the event loop once the answer has gone out (or as the
-exporter posts the batch, for a trace that holds content), at the cost the 10% budget of issue 37 allows.
+where none exists); the exporter writes them as it posts each batch, on the event loop, at the cost the
+10% budget of issue 37 allows.
 Why it is fast: protobuf lets a message's fields come in any order, so everything in a span that
 repeats from request to request (its name, kind, and the text and flag attributes fixed by the route,
 backend, status and decision: about two thirds of its bytes) is one cached block of bytes, looked up by

@@ -152,8 +152,8 @@ class SpanExporter(Generic[Pending]):
                     log.exception("could not write a trace's spans")
                     self.dropped_spans["export_failed"] += self._count(pending)
                 if index % WRITE_TURN == 0:
-                    # Most were written as their requests settled, but a trace that holds its prompt
-                    # and answer is written here, as JSON: a batch of them must not hold up the streams.
+                    # A batch of traces that hold their prompts and answers (written as JSON) must not
+                    # hold up the streams: the loop takes its turn every WRITE_TURN traces.
                     await asyncio.sleep(0)
             if spans:
                 await self._post(export_body(self._envelope, spans), len(spans))

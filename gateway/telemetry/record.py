@@ -1,6 +1,5 @@
 """A settled request as one flat record: the values its spans are written from, taken on the request path
-the moment it settles (``request_record``) and written to spans at once, or (a trace that holds the
-prompt and answer) by the exporter as it posts the batch.
+the moment it settles (``request_record``) and written to spans by the exporter as it posts the batch.
 
 Why a record, and not the request's own objects: the exporter may write a request's spans up to a second
 later (and once did so in a thread of its own). Handed the ``Observation`` and the ``Decision``, it

@@ -2,14 +2,12 @@
 
 On the request path it does three small things: reads the client's traceparent and samples at arrival
 (``begin``), gives each attempt's call its traceparent (``headers``, for backends that take one) and,
-once the answer has gone out, writes the settled request's spans (``finish``: its flat ``record``,
-written by ``encode``) and queues them for the exporter, which posts them in batches from a task of its
-own. A trace that holds the prompt and answer (``telemetry.content``) queues its record instead: its JSON
-is written as its batch is posted, not while the answer is on its way."""
+once the answer has gone out, takes the settled request's flat ``record`` (``finish``) and queues it for
+the exporter, which writes each batch's spans (``encode``; the prompt and answer as JSON where
+``telemetry.content`` lets them in) and posts them, from a task of its own."""
 
 from __future__ import annotations
 
-import logging
 import os
 import socket
 from collections.abc import Callable
@@ -40,7 +38,6 @@ if TYPE_CHECKING:
     from gateway.policy.decide import Decision
     from gateway.policy.telemetry import Telemetry
 
-log = logging.getLogger("gateway")
 # The fields a door's payload holds its prompt in: chat messages, a completion's prompt, Responses input.
 PROMPT_FIELDS = ("messages", "prompt", "input")
 
@@ -176,21 +173,11 @@ class RequestTrace:
             prompt,
             answer,
         )
-        exporter = self._tracer.exporter
-        if prompt is not None or answer is not None or exporter.full:
-            exporter.put(record)  # its content is written as JSON when its batch is posted
-            return
-        # Written now, while what the spans are written from is in the CPU's caches (the answer has
-        # gone out: nobody waits on this), not a batch later, on records other requests' work had
-        # pushed out (written then, in the thread the exporter once had, it took 17-24 us a request
-        # with its post; here 13.8 us p50, and the post 2.8: docs/performance.md, "Tracing off and on").
-        try:
-            messages = request_messages(record)
-        except Exception:  # a bug in writing one request's spans must not fail the request
-            log.exception("could not write a trace's spans")
-            exporter.dropped_spans["export_failed"] += span_count(record)
-            return
-        exporter.put(messages)
+        # Queued as a record, its spans written as its batch is posted: one batch's records written in
+        # one loop, with the writer's code and cached blocks hot, cost less of the gateway's CPU than
+        # each request's written as it settled, between other requests' work (docs/performance.md,
+        # "Tracing off and on").
+        self._tracer.exporter.put(record)
 
 
 class PendingProbe:
@@ -218,21 +205,17 @@ class PendingProbe:
         return [span_bytes(span)]
 
 
-# What the request path queues for the exporter: a request's spans already written, or what they are
-# written from as the batch is posted (a request whose trace holds its prompt and answer; a probe).
-Pending = list[bytes] | RequestRecord | PendingProbe
+# What the request path queues for the exporter: what a settled request's or a probe's spans are written
+# from as their batch is posted.
+Pending = RequestRecord | PendingProbe
 
 
 def span_messages(pending: Pending) -> list[bytes]:
     """As a batch is posted: the spans of a settled request or a probe, as OTLP ``Span`` messages."""
-    if isinstance(pending, list):
-        return pending
     return request_messages(pending) if isinstance(pending, tuple) else pending.span_messages()
 
 
 def span_count(pending: Pending) -> int:
-    if isinstance(pending, list):
-        return len(pending)
     return 1 + len(pending[22]) + len(pending[23]) if isinstance(pending, tuple) else 1
 
 

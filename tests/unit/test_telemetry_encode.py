@@ -162,6 +162,13 @@ def test_a_request_without_decision_usage_or_content() -> None:
     assert "gen_ai.input.messages" not in written[0].attributes and written[0].parent_span_id == ""
 
 
+def immutable(value: object) -> bool:
+    """Only strings, bytes, numbers, None and tuples of them: nothing anyone can change."""
+    if isinstance(value, tuple):
+        return all(immutable(item) for item in value)
+    return value is None or isinstance(value, (str, bytes, int, float))
+
+
 def test_a_record_holds_only_immutable_values_taken_when_the_request_settles() -> None:
     """A record may be written to spans a batch later: nothing in one may be an object the request path still
     holds (the decision's candidates, built lazily, are built by whoever takes the record)."""
@@ -177,29 +184,15 @@ def test_a_record_holds_only_immutable_values_taken_when_the_request_settles() -
     record = record_of(ids, observation, lazy, backends, [{"role": "user"}], b'{"choices": []}')
     assert built_by == [threading.get_ident()]
 
-    def immutable(value: object) -> bool:
-        if isinstance(value, tuple):
-            return all(immutable(item) for item in value)
-        return value is None or isinstance(value, (str, bytes, int, float))
-
     assert immutable(record)
     observation.attempts[0].usage = Usage(1, 1)  # the request's objects change: the record does not
     assert record == record_of(ids, settled(2)[1], eager, backends, [{"role": "user"}], b'{"choices": []}')
 
 
-def test_a_traced_request_takes_its_decision_into_its_record_when_it_is_made(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
+def test_a_traced_request_takes_its_decision_into_its_record_when_it_is_made() -> None:
     """``RequestTrace.decided``: the candidates are evaluated while what the decision read is at hand,
-    and the record the request settles with (its spans written from it at once) holds that decision's
-    record."""
-    written: list[RequestRecord] = []
-
-    def write(record: RequestRecord) -> list[bytes]:
-        written.append(record)
-        return [b"x"]
-
-    monkeypatch.setattr(tracer_module, "request_messages", write)
+    and the record the request settles with (queued, its spans written as its batch is posted) holds
+    that decision's record."""
     policy = load_policy(POLICY)
     ids, observation, eager = settled(3)
     built: list[int] = []
@@ -210,17 +203,22 @@ def test_a_traced_request_takes_its_decision_into_its_record_when_it_is_made(
 
     lazy = Decision(eager.order, eager.reason, candidates, eager.expected_cost_usd, eager.cached_tokens)
     queued: list[object] = []
-    tracer = SimpleNamespace(content=False, exporter=SimpleNamespace(put=queued.append, full=False))
+    tracer = SimpleNamespace(content=False, exporter=SimpleNamespace(put=queued.append))
     id_values = (ids.trace_id, ids.server_span_id, ids.parent_span_id, ids.trace_state, ids.wall_offset_s)
     trace = RequestTrace(cast(Tracer, tracer), id_values, None)
     trace.decided(lazy)
     assert built == [1], "evaluated when decided"
     later = Decision(("bench-upstream-paced",), "exploration", (), None)
     trace.finish(observation, later, None, policy)
-    assert queued == [[b"x"]], "its spans, written at once, are queued"
-    (record,) = written
+    (record,) = queued
+    assert isinstance(record, tuple) and immutable(record), "the record is queued, not the request's objects"
     assert record[24] == decision_record(eager)
     assert record[:22] == record_of(ids, observation, eager, policy.backends)[:22]
+    # The exporter writes it as it posts the batch: the spans the writer makes of that record (the
+    # attempts' span ids, never sent upstream here, are made as they are written).
+    spans = tracer_module.span_messages(record)
+    assert len(spans) == tracer_module.span_count(record) == 1 + 2  # the server's, two attempts'
+    assert spans[0] == request_messages(record)[0]
 
 
 @pytest.mark.parametrize("sizes", [(), (0,), (127, 128), (16_383, 16_384), (900, 300, 1_400) * 300])
