@@ -45,6 +45,16 @@ class Proc:
                 total += int(fields[11]) + int(fields[12])
         return total / CLK_TCK
 
+    def minor_faults(self) -> int:
+        """Page faults the process tree took without reading the disk (each a trip into the kernel;
+        on a VM, often into the hypervisor too)."""
+        total = 0
+        for pid in self.pids():
+            fields = _stat_fields(pid)
+            if fields is not None:
+                total += int(fields[7])
+        return total
+
     def rss_bytes(self) -> int:
         total = 0
         for pid in self.pids():
@@ -131,8 +141,8 @@ def descendants(pid: int) -> list[int]:
 
 
 def _stat_fields(pid: int) -> list[str] | None:
-    """Fields of /proc/PID/stat after the command name: [0] state, [1] ppid, [11] utime, [12] stime,
-    [21] rss pages."""
+    """Fields of /proc/PID/stat after the command name: [0] state, [1] ppid, [7] minflt, [11] utime,
+    [12] stime, [21] rss pages."""
     try:
         with open(f"/proc/{pid}/stat", "rb") as f:
             raw = f.read().decode(errors="replace")

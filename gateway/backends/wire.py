@@ -42,6 +42,12 @@ __all__ = [
 # as our request leaves makes the request fail; it is never sent twice).
 IDLE_KEEP_S = 4.0
 DEFAULT_MAX_CONNECTIONS = 1024  # per origin, unless the backend says (out of fds is worse than a queue)
+# A body larger than this goes out in one write beside its head, not copied after it. Why: with the
+# caller's buffer, the copy made two large blocks live at once, and freeing them let the C allocator
+# hand the heap's top back to the kernel, to fault it in again on the next one: a traced gateway's
+# ~480 KB OTLP posts cost it a page fault per request, 7% of a traced whole answer's CPU
+# (docs/performance.md, "Tracing off and on").
+COPY_LIMIT = 64 * 1024
 
 
 class WirePool:
@@ -68,9 +74,11 @@ class WirePool:
         """Send one request; return once the response's head arrived (any status). Never sent twice:
         once written, a request that gets no answer fails (the server may have run it). Cancel it to
         give up (its connection is then cut)."""
-        request = head + b"%d\r\n\r\n" % len(body) + body
+        head += b"%d\r\n\r\n" % len(body)
         conn = self._reusable(origin) or await self._acquire(origin, connect_s, max_connections)
-        return await self._exchange(conn, request)
+        if len(body) > COPY_LIMIT:  # written from the caller's buffer, not copied after the head
+            return await self._exchange(conn, head, body)
+        return await self._exchange(conn, head + body)
 
     async def get(
         self, origin: Origin, head: bytes, connect_s: float | None, max_connections: int | None = None
@@ -87,8 +95,8 @@ class WirePool:
         conn = await self._acquire(origin, connect_s, max_connections)
         return await self._exchange(conn, head)
 
-    async def _exchange(self, conn: Connection, request: bytes) -> WireResponse:
-        response = conn.begin(request)
+    async def _exchange(self, conn: Connection, request: bytes, body: bytes = b"") -> WireResponse:
+        response = conn.begin(request, body)
         waiter = conn.head_waiter
         assert waiter is not None
         try:

@@ -232,7 +232,9 @@ class Connection(asyncio.Protocol):
 
     # For the pool and the response
 
-    def begin(self, request: bytes) -> WireResponse:
+    def begin(self, request: bytes, body: bytes = b"") -> WireResponse:
+        """Send ``request`` (and ``body``, when apart from it: one write of both, no copy) and expect
+        its response."""
         assert self.transport is not None
         self.response = WireResponse(self)
         self.head_waiter = self.loop.create_future()
@@ -242,7 +244,10 @@ class Connection(asyncio.Protocol):
         self._head_left = self.limits.head_bytes
         self._header_count = 0
         self._bodiless_bytes = 0
-        self.transport.write(request)
+        if body:
+            self.transport.writelines((request, body))
+        else:
+            self.transport.write(request)
         return self.response
 
     def unread(self) -> bool:

@@ -12,10 +12,11 @@ import gzip
 from collections.abc import AsyncIterator, Awaitable, Callable
 
 import pytest
+import uvloop
 
 from gateway.backends.base import Fetched
 from gateway.backends.openai_compat import OpenAICompatClient
-from gateway.backends.wire import PAUSE_AT_BYTES, Origin, WireError, WirePool
+from gateway.backends.wire import COPY_LIMIT, PAUSE_AT_BYTES, Origin, WireError, WirePool
 from gateway.backends.wire_connection import Connection
 
 Handler = Callable[[asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]]
@@ -108,6 +109,40 @@ async def test_keep_alive_reuses_one_connection(pool: WirePool) -> None:
             assert await response.read() == b'{"echo": %d}' % n
             response.close()
         assert server.connections == 1
+
+
+async def post_large_bodies() -> None:
+    """A body past ``COPY_LIMIT`` is written beside its head rather than copied after it: the server
+    still reads the head, then exactly that body, on a kept connection, with small posts between."""
+    got: list[bytes] = []
+
+    async def keep(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        while True:
+            got.append(await read_request(reader))
+            writer.write(answer(b"{}"))
+            await writer.drain()
+
+    large = bytes(range(256)) * (3 * COPY_LIMIT // 256 + 1)
+    pool = WirePool()
+    try:
+        async with RawServer(keep) as server:
+            origin = server.origin()
+            for body in (large, b"{}", large[::-1], b"[]"):
+                response = await pool.post(origin, head_for(origin), body, 5.0)
+                assert response.status == 200 and await response.read() == b"{}"
+                response.close()
+            assert got == [large, b"{}", large[::-1], b"[]"] and server.connections == 1
+    finally:
+        pool.close()
+
+
+async def test_a_large_body_goes_out_whole_and_in_order_beside_its_head() -> None:
+    await post_large_bodies()
+
+
+def test_a_large_body_goes_out_whole_on_uvloop_too() -> None:
+    """The gateway serves on uvloop, whose transports write a head and body apart in their own way."""
+    uvloop.run(post_large_bodies())
 
 
 async def test_a_kept_connection_the_server_closed_is_replaced(pool: WirePool) -> None:
