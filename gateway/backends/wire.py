@@ -45,8 +45,8 @@ DEFAULT_MAX_CONNECTIONS = 1024  # per origin, unless the backend says (out of fd
 # A body larger than this goes out in one write beside its head, not copied after it. Why: with the
 # caller's buffer, the copy made two large blocks live at once, and freeing them let the C allocator
 # hand the heap's top back to the kernel, to fault it in again on the next one: a traced gateway's
-# ~480 KB OTLP posts cost it a page fault per request, 7% of a traced whole answer's CPU
-# (docs/performance.md, "Tracing off and on").
+# ~480 KB OTLP posts cost it ~0.9 page faults per request, 1-6% of a traced whole answer's CPU in two
+# measurements (docs/performance.md, "Tracing off and on").
 COPY_LIMIT = 64 * 1024
 
 
