@@ -95,7 +95,8 @@ class Exchange:
         wherever it waits: for the first byte, for a whole answer, or between chunks. Its upstream
         connection is then cut, which frees the backend's slot. Told by the connection itself where the
         server offers it (``request.connection.ClientWatch``), else by a task awaiting ``receive``."""
-        self._task = asyncio.current_task()
+        if self._task is None:  # else the task it was made in, which is this one
+            self._task = asyncio.current_task()
         watch = client_watch(scope)
         if watch is not None:
             watch.watch(self._client_left)
