@@ -87,3 +87,25 @@ async def test_a_stop_with_a_hung_receiver_ends_within_its_bound_and_says_what_w
                 await exporter.close(timeout_s=0.5)
         assert exporter.exported_spans == 0
         assert "the stop's 0.5s ran out; 2 traces not sent" in caplog.text
+
+
+async def test_a_trace_whose_spans_cannot_be_written_is_counted_and_its_batch_still_goes(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Every request's spans are written by the exporter as it posts their batch: a bug in writing one
+    (here: trace 3) drops that trace, counted as export_failed, and never the batch or the exporter."""
+
+    def write(index: int) -> list[bytes]:
+        if index == 3:
+            raise ValueError("a bug in the span writer")
+        return one_span(index)
+
+    with otlp_receiver() as (receiver, server), caplog.at_level(logging.ERROR, logger="gateway"):
+        exporter: SpanExporter[int] = SpanExporter(settings_for(server.url, 3600.0), {}, write, lambda _: 2)
+        for index in range(1, 2 * BATCH + 1):
+            exporter.put(index)
+        await exported(exporter, 2 * BATCH - 1)
+        await exporter.close()
+        assert exporter.dropped_spans["export_failed"] == 2  # the count says how many spans it stood for
+        assert [len(spans_of(body)) for body in receiver.bodies] == [BATCH - 1, BATCH]
+    assert "could not write a trace's spans" in caplog.text
