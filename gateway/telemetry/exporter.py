@@ -101,11 +101,6 @@ class SpanExporter(Generic[Pending]):
     def queued(self) -> int:
         return len(self._queue)
 
-    @property
-    def full(self) -> bool:
-        """Whatever is put now is dropped (and counted)."""
-        return len(self._queue) >= self._max
-
     def _start(self, at_least: int) -> None:
         self._task = asyncio.get_running_loop().create_task(self._run(at_least))
 
