@@ -38,29 +38,23 @@ class Proc:
 
     def cpu_s(self) -> float:
         """User + system CPU seconds of the process tree so far."""
-        total = 0
-        for pid in self.pids():
-            fields = _stat_fields(pid)
-            if fields is not None:
-                total += int(fields[11]) + int(fields[12])
-        return total / CLK_TCK
+        return self._summed(11, 12) / CLK_TCK
 
     def minor_faults(self) -> int:
         """Page faults the process tree took without reading the disk (each a trip into the kernel;
         on a VM, often into the hypervisor too)."""
-        total = 0
-        for pid in self.pids():
-            fields = _stat_fields(pid)
-            if fields is not None:
-                total += int(fields[7])
-        return total
+        return self._summed(7)
 
     def rss_bytes(self) -> int:
+        return self._summed(21) * PAGE_SIZE
+
+    def _summed(self, *indices: int) -> int:
+        """The sum of these ``_stat_fields`` over the process tree (a process gone meanwhile adds 0)."""
         total = 0
         for pid in self.pids():
             fields = _stat_fields(pid)
             if fields is not None:
-                total += int(fields[21]) * PAGE_SIZE
+                total += sum(int(fields[i]) for i in indices)
         return total
 
     def log_tail(self, lines: int = 20) -> str:

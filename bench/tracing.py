@@ -106,7 +106,7 @@ async def overhead(
                     "cpu_ms_per_stream": streamed.get("cpu_ms_per_stream") or 0.0,
                     "cpu_ms_per_req": whole.get("cpu_ms_per_req") or 0.0,
                     # over the whole phase, its warm-up included: a large buffer freed and made again
-                    # faults its pages in each time (how a ~480 KB post once cost 18 us a request)
+                    # faults its pages in each time (how a ~480 KB post once cost ~16 us a request)
                     "page_faults_per_req": faults / max(whole.get("ok") or 0, 1),
                     "core_foreign_share": max(
                         streamed.get("core_foreign_share") or 0.0, whole.get("core_foreign_share") or 0.0
