@@ -26,6 +26,7 @@ import orjson
 
 from gateway.ledger.database import LedgerUnavailable
 from gateway.ledger.rows import COLUMNS, LedgerRow
+from gateway.ledger.sqlite import into_wal
 
 SCHEMA = (
     "CREATE TABLE IF NOT EXISTS spooled"
@@ -54,7 +55,7 @@ class Spool:
             try:
                 self.path.parent.mkdir(parents=True, exist_ok=True)
                 conn = sqlite3.connect(self.path, timeout=BUSY_TIMEOUT_S, isolation_level=None)
-                conn.execute("PRAGMA journal_mode=WAL")
+                into_wal(conn, BUSY_TIMEOUT_S)
                 conn.execute("PRAGMA synchronous=FULL")  # each move fsynced: a crash keeps the rows
                 conn.execute(SCHEMA)
             except (sqlite3.Error, OSError) as exc:

@@ -66,15 +66,36 @@ ON CONFLICT (dimension, hours, bucket, name, name_null, cost_basis) DO UPDATE SE
 """
 
 
+OPEN_BUSY_TIMEOUT_S = 10.0
+
+
 def connect(path: Path, *, readonly: bool = False) -> sqlite3.Connection:
     if readonly:
-        return sqlite3.connect(f"{path.resolve().as_uri()}?mode=ro", uri=True, timeout=10.0)
+        return sqlite3.connect(f"{path.resolve().as_uri()}?mode=ro", uri=True, timeout=OPEN_BUSY_TIMEOUT_S)
     path.parent.mkdir(parents=True, exist_ok=True)
-    conn = sqlite3.connect(path, timeout=10.0, isolation_level=None)
-    conn.execute("PRAGMA journal_mode=WAL")
+    conn = sqlite3.connect(path, timeout=OPEN_BUSY_TIMEOUT_S, isolation_level=None)
+    into_wal(conn, OPEN_BUSY_TIMEOUT_S)
     # Durable across a crash of this process (not of the machine), at a fraction of FULL's fsyncs.
     conn.execute("PRAGMA synchronous=NORMAL")
     return conn
+
+
+def into_wal(conn: sqlite3.Connection, wait_s: float) -> None:
+    """Put the file in WAL mode, waiting up to ``wait_s`` for another process doing the same.
+
+    Two processes opening a new file at once (``gateway serve --workers 2``) race to switch it: the
+    loser holds a read lock while it asks for the write lock, so SQLite answers "database is locked"
+    at once rather than calling the busy handler (which could deadlock). Asked again, it finds the file
+    in WAL mode already, or switches it."""
+    deadline = time.monotonic() + wait_s
+    while True:
+        try:
+            conn.execute("PRAGMA journal_mode=WAL")
+            return
+        except sqlite3.OperationalError as exc:
+            if exc.sqlite_errorcode & 0xFF != sqlite3.SQLITE_BUSY or time.monotonic() >= deadline:
+                raise
+            time.sleep(0.005)
 
 
 def migrate(conn: sqlite3.Connection) -> list[int]:
