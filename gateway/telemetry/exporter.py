@@ -29,6 +29,11 @@ WARN_EVERY_S = 60.0
 CLOSE_WAIT_S = 2.5  # within the 3 s the runtime's stop gives the exporter: it ends on its own terms
 WRITE_TURN = 32  # spans of this many traces written, then the loop's other work gets a turn
 ANSWER_LIMIT = 1 << 20  # a receiver's answer to an export (OTLP's is a small message) is read, then dropped
+# A post closes at ``batch_traces`` traces or at this many bytes of spans, whichever comes first: traces
+# that carry prompts and answers (``telemetry.content``) can be tens of KB each, and receivers refuse
+# large bodies (the OpenTelemetry Collector's OTLP/HTTP receiver at 20 MiB by default, gRPC-fronted
+# stores at 4 MiB). A trace without content is ~2 KB, so a default batch (~2 MB) stays under it.
+MAX_POST_BYTES = 4 << 20
 
 
 # A settled request (or probe) whose spans are written only when its batch is posted.
@@ -134,19 +139,22 @@ class SpanExporter(Generic[Pending]):
 
     async def _export_queued(self, at_least: int) -> None:
         queue = self._queue
+        write = self._write
         while len(queue) >= at_least:
-            batch: list[Pending] = []
-            while queue and len(batch) < self._batch:
-                batch.append(queue.popleft())
             spans: list[bytes] = []
-            write = self._write
-            for index, pending in enumerate(batch, 1):
+            traces = size = 0
+            while queue and traces < self._batch and size < MAX_POST_BYTES:
+                pending = queue.popleft()
+                traces += 1
                 try:
-                    spans += write(pending)
+                    written = write(pending)
                 except Exception:  # a bug in writing one request's spans must not stop the exporter
                     log.exception("could not write a trace's spans")
                     self.dropped_spans["export_failed"] += self._count(pending)
-                if index % WRITE_TURN == 0:
+                else:
+                    spans += written
+                    size += sum(map(len, written))
+                if traces % WRITE_TURN == 0:
                     # A batch of traces that hold their prompts and answers (written as JSON) must not
                     # hold up the streams: the loop takes its turn every WRITE_TURN traces.
                     await asyncio.sleep(0)

@@ -10,6 +10,7 @@ import time
 
 import pytest
 
+from gateway.telemetry import exporter as exporter_module
 from gateway.telemetry.context import Sampler
 from gateway.telemetry.exporter import SpanExporter
 from gateway.telemetry.otlp import span_ids, span_times, text_field
@@ -60,6 +61,30 @@ async def test_full_batches_go_at_once_and_the_rest_waits_for_the_stop() -> None
         await exporter.close()
         assert [len(spans_of(body)) for body in receiver.bodies] == [BATCH, BATCH, 2]
         assert exporter.queued == 0 and exporter.exported_spans == 2 * BATCH + 2
+
+
+async def test_a_post_closes_at_its_byte_cap_before_its_trace_count(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Traces that carry prompts and answers are large: a post stops taking traces once its spans pass
+    ``MAX_POST_BYTES`` (here 1,000 bytes, traces of ~400), and the rest go in the next."""
+    monkeypatch.setattr(exporter_module, "MAX_POST_BYTES", 1000)
+
+    def large_span(index: int) -> list[bytes]:
+        ids = span_ids(bytes(15) + b"\x01", index.to_bytes(8, "big"), b"")
+        return [ids + text_field(5, "x" * 380) + b"\x30\x01" + span_times(index, index)]
+
+    with otlp_receiver() as (receiver, server):
+        exporter: SpanExporter[int] = SpanExporter(
+            settings_for(server.url, 3600.0), {}, large_span, lambda _: 1
+        )
+        for index in range(1, BATCH + 1):  # a full batch by count: 4 traces, ~1,600 bytes
+            exporter.put(index)
+        await exported(exporter, 3)
+        assert [len(spans_of(body)) for body in receiver.bodies] == [3]
+        await asyncio.sleep(0.2)  # room for a wrong post of the fourth
+        assert len(receiver.bodies) == 1 and exporter.queued == 1  # it waits for the next post
+        await exporter.close()
+        assert [len(spans_of(body)) for body in receiver.bodies] == [3, 1]
+        assert exporter.exported_spans == BATCH
 
 
 async def test_a_lone_trace_goes_at_the_flush_interval() -> None:

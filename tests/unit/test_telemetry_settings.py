@@ -145,7 +145,7 @@ def test_batching_from_the_standard_variables_where_the_policy_is_silent() -> No
     assert mixed is not None and (mixed.batch_traces, mixed.flush_interval_s) == (16, 2.0), "the policy wins"
     assert mixed.max_queued_traces == 4096
     unset = telemetry_settings(Telemetry(), endpoint)
-    assert unset is not None and (unset.max_queued_traces, unset.batch_traces) == (2048, 256)
+    assert unset is not None and (unset.max_queued_traces, unset.batch_traces) == (2048, 1024)
 
 
 @pytest.mark.parametrize("value", ["lots", "0", "-5", "inf", "nan", "2000000"])
