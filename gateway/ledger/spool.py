@@ -26,7 +26,7 @@ import orjson
 
 from gateway.ledger.database import LedgerUnavailable
 from gateway.ledger.rows import COLUMNS, LedgerRow
-from gateway.ledger.sqlite import into_wal
+from gateway.ledger.sqlite import connect
 
 SCHEMA = (
     "CREATE TABLE IF NOT EXISTS spooled"
@@ -53,10 +53,8 @@ class Spool:
     def _connection(self) -> sqlite3.Connection:
         if self._conn is None:
             try:
-                self.path.parent.mkdir(parents=True, exist_ok=True)
-                conn = sqlite3.connect(self.path, timeout=BUSY_TIMEOUT_S, isolation_level=None)
-                into_wal(conn, BUSY_TIMEOUT_S)
-                conn.execute("PRAGMA synchronous=FULL")  # each move fsynced: a crash keeps the rows
+                # Each move fsynced: a crash keeps the rows.
+                conn = connect(self.path, wait_s=BUSY_TIMEOUT_S, synchronous="FULL")
                 conn.execute(SCHEMA)
             except (sqlite3.Error, OSError) as exc:
                 raise LedgerUnavailable(f"cannot open the ledger spool {self.path}: {exc}") from exc

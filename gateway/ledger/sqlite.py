@@ -8,7 +8,7 @@ import sqlite3
 import time
 from collections.abc import Iterator, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from gateway.ledger.database import LedgerRejected, LedgerUnavailable
 from gateway.ledger.migrations import TRACKING_TABLE, migrations
@@ -69,14 +69,23 @@ ON CONFLICT (dimension, hours, bucket, name, name_null, cost_basis) DO UPDATE SE
 OPEN_BUSY_TIMEOUT_S = 10.0
 
 
-def connect(path: Path, *, readonly: bool = False) -> sqlite3.Connection:
+def connect(
+    path: Path,
+    *,
+    readonly: bool = False,
+    wait_s: float = OPEN_BUSY_TIMEOUT_S,
+    # The ledger's: durable across a crash of this process (not of the machine), at a fraction of
+    # FULL's fsyncs. The spool asks for FULL.
+    synchronous: Literal["NORMAL", "FULL"] = "NORMAL",
+) -> sqlite3.Connection:
+    """A connection to the SQLite file ``path`` (made, with its folder, if new) in WAL mode, waiting up
+    to ``wait_s`` for another connection holding it; ``readonly``: one that reads the file as it is."""
     if readonly:
-        return sqlite3.connect(f"{path.resolve().as_uri()}?mode=ro", uri=True, timeout=OPEN_BUSY_TIMEOUT_S)
+        return sqlite3.connect(f"{path.resolve().as_uri()}?mode=ro", uri=True, timeout=wait_s)
     path.parent.mkdir(parents=True, exist_ok=True)
-    conn = sqlite3.connect(path, timeout=OPEN_BUSY_TIMEOUT_S, isolation_level=None)
-    into_wal(conn, OPEN_BUSY_TIMEOUT_S)
-    # Durable across a crash of this process (not of the machine), at a fraction of FULL's fsyncs.
-    conn.execute("PRAGMA synchronous=NORMAL")
+    conn = sqlite3.connect(path, timeout=wait_s, isolation_level=None)
+    into_wal(conn, wait_s)
+    conn.execute(f"PRAGMA synchronous={synchronous}")
     return conn
 
 
