@@ -3,7 +3,7 @@
 The gateway is pure Python and runs as such. ``python -m gateway.build_native build`` compiles ``MODULES``
 (the simulator's event loop and backend models, the live stats and the routing decision, which both
 the simulator and every live request run, the request path's synchronous modules and a traced
-request's record and span writer) with mypyc into extension modules beside their sources; Python's
+request's tracer, record and span writer) with mypyc into extension modules beside their sources; Python's
 importer prefers an extension module to a ``.py`` of the same name, so they are used from then on. The
 code is ``mypy --strict`` already, and mypyc keeps its semantics: the simulator's report is the same to
 the last digit either way (tests/simulate, docs/performance.md).
@@ -34,7 +34,7 @@ GROUP = "gateway.native"  # the shared library every compiled module's shim load
 
 # What a simulated request and a live decision spend their CPU in, the request path's synchronous
 # modules (the stream meter, the OpenAI door, the usage readers, the ledger's rows), and a traced
-# request's record and span writer (docs/performance.md has the profiles).
+# request's tracer, record and span writer (docs/performance.md has the profiles).
 # A class defined here cannot be subclassed by Python code (tests included), and its methods cannot be
 # patched: tests that look inside one (line tracing, patched methods) are marked ``pure_python``.
 MODULES = (
@@ -71,6 +71,7 @@ MODULES = (
     "gateway.telemetry.encode",
     "gateway.telemetry.otlp",
     "gateway.telemetry.record",
+    "gateway.telemetry.tracer",
     "gateway.values.dialect",
     "gateway.values.observation",
 )

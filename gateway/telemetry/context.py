@@ -7,12 +7,13 @@ import os
 import random
 from collections.abc import Iterable
 from dataclasses import dataclass
+from typing import Final
 
 # Ids need to be unique, not secret: one seeded generator, not a syscall per id (as OpenTelemetry's
 # own RandomIdGenerator does).
-_ids = random.Random(os.urandom(16))
-TRACE_ID_LOW_BOUND = 1 << 64
-SAMPLED = 0x01
+_ids: Final = random.Random(os.urandom(16))
+TRACE_ID_LOW_BOUND: Final = 1 << 64
+SAMPLED: Final = 0x01
 
 
 def new_trace_id() -> bytes:

@@ -14,9 +14,8 @@ whatever names and values a policy or its clients bring.
 
 from __future__ import annotations
 
-import functools
 import struct
-from collections.abc import Callable
+from typing import Final
 
 from gateway.telemetry.content import output_messages
 from gateway.telemetry.context import new_span_id
@@ -31,21 +30,21 @@ from gateway.telemetry.spans import (
     server_address,
 )
 
-MAX_CACHED = 4096
-_fixed: dict[object, bytes] = {}
-_SMALL = [bytes((n,)) for n in range(0x80)]
+MAX_CACHED: Final = 4096
+_fixed: Final[dict[object, bytes]] = {}
+_SMALL: Final = [bytes((n,)) for n in range(0x80)]
 # start_time_unix_nano 7 and end_time_unix_nano 8 (fixed64), tags and values in one call
-_times = struct.Struct("<BQBQ").pack
-_double = struct.Struct("<d").pack
-_fixed64 = struct.Struct("<Q").pack
+_times: Final = struct.Struct("<BQBQ").pack
+_double: Final = struct.Struct("<d").pack
+_fixed64: Final = struct.Struct("<Q").pack
 
 
-def _cached(key: object, make: Callable[[], bytes]) -> bytes:
-    block = _fixed.get(key)
-    if block is None:
-        block = make()
-        if len(_fixed) < MAX_CACHED:
-            _fixed[key] = block
+def _kept(key: object, block: bytes) -> bytes:
+    """A block just written after a miss in ``_fixed``, kept there while it has room. Callers write it
+    only on a miss (``_fixed.get(key) or _kept(key, ...)``), with no closure: a lambda made mypyc build
+    an environment object on every call of the function that held it, hit or miss."""
+    if len(_fixed) < MAX_CACHED:
+        _fixed[key] = block
     return block
 
 
@@ -74,27 +73,27 @@ def _int(heads: list[bytes], value: int) -> bytes:
     return heads[len(encoded)] + encoded
 
 
-_INPUT = _int_heads(9, "gen_ai.usage.input_tokens")
-_OUTPUT = _int_heads(9, "gen_ai.usage.output_tokens")
-_CACHE_READ = _int_heads(9, "gen_ai.usage.cache_read.input_tokens")
-_REASONING = _int_heads(9, "gen_ai.usage.reasoning.output_tokens")
-_ATTEMPTS = _int_heads(9, "gateway.attempts")
-_ATTEMPT = _int_heads(9, "gateway.attempt")
-_MAX_TOKENS = _int_heads(9, "gen_ai.request.max_tokens")
-_EXPECTED_CACHED = _int_heads(9, "gateway.expected_cached_tokens")
-_CANDIDATE_CACHED = _int_heads(3, "gateway.candidate.expected_cached_tokens")
-_COST = _double_head(9, "gateway.cost_usd")
-_QUEUED = _double_head(9, "gateway.queued_s")
-_TTFT = _double_head(9, "gen_ai.response.time_to_first_chunk")
-_FIRST_ANSWER = _double_head(9, "gateway.first_answer_s")
-_DECISION_COST = _double_head(3, "gateway.decision.expected_cost_usd")
-_CANDIDATE_TTFT = _double_head(3, "gateway.candidate.predicted_ttft_p95_s")
-_CANDIDATE_COST = _double_head(3, "gateway.candidate.expected_cost_usd")
-_REQUEST_ID = text_field(1, "gateway.request_id")
-_SOURCES = {
+_INPUT: Final = _int_heads(9, "gen_ai.usage.input_tokens")
+_OUTPUT: Final = _int_heads(9, "gen_ai.usage.output_tokens")
+_CACHE_READ: Final = _int_heads(9, "gen_ai.usage.cache_read.input_tokens")
+_REASONING: Final = _int_heads(9, "gen_ai.usage.reasoning.output_tokens")
+_ATTEMPTS: Final = _int_heads(9, "gateway.attempts")
+_ATTEMPT: Final = _int_heads(9, "gateway.attempt")
+_MAX_TOKENS: Final = _int_heads(9, "gen_ai.request.max_tokens")
+_EXPECTED_CACHED: Final = _int_heads(9, "gateway.expected_cached_tokens")
+_CANDIDATE_CACHED: Final = _int_heads(3, "gateway.candidate.expected_cached_tokens")
+_COST: Final = _double_head(9, "gateway.cost_usd")
+_QUEUED: Final = _double_head(9, "gateway.queued_s")
+_TTFT: Final = _double_head(9, "gen_ai.response.time_to_first_chunk")
+_FIRST_ANSWER: Final = _double_head(9, "gateway.first_answer_s")
+_DECISION_COST: Final = _double_head(3, "gateway.decision.expected_cost_usd")
+_CANDIDATE_TTFT: Final = _double_head(3, "gateway.candidate.predicted_ttft_p95_s")
+_CANDIDATE_COST: Final = _double_head(3, "gateway.candidate.expected_cost_usd")
+_REQUEST_ID: Final = text_field(1, "gateway.request_id")
+_SOURCES: Final = {
     flag: attributes(9, {"gateway.usage_source": "counted" if flag else "reported"}) for flag in (False, True)
 }
-_RESUMES_LINK = attributes(4, {"gateway.link": "resumes"}) + b"\x35\x01\x00\x00\x00"
+_RESUMES_LINK: Final = attributes(4, {"gateway.link": "resumes"}) + b"\x35\x01\x00\x00\x00"
 
 
 def _usage(usage: UsageRecord) -> bytes:
@@ -147,7 +146,7 @@ def request_messages(record: RequestRecord) -> list[bytes]:
     out = [
         _ids(trace_id, server_id, parent),
         _times(0x39, start_ns, 0x41, end_ns if end_ns > start_ns else start_ns),
-        _fixed.get(record[5:15]) or _cached(record[5:15], lambda: _server_block(record)),
+        _fixed.get(record[5:15]) or _kept(record[5:15], _server_block(record)),
         # the request id: text, never a repeat, so never cached
         len_field(9, _REQUEST_ID + len_field(2, len_field(1, request_id_bytes))),
         _int(_ATTEMPTS, len(attempts)),
@@ -180,7 +179,7 @@ def request_messages(record: RequestRecord) -> list[bytes]:
         messages.append(
             _ids(trace_id, new_span_id(), server_id)
             + _times(0x39, begin_ns, 0x41, stop_ns if stop_ns > begin_ns else begin_ns)
-            + _cached(("queue", route), lambda: _queue_block(route))
+            + (_fixed.get(("queue", route)) or _kept(("queue", route), _queue_block(route)))
         )
     previous: bytes | None = None
     for index, attempt in enumerate(attempts):
@@ -238,7 +237,7 @@ def _attempt_message(
     out = [
         _ids(trace_id, span_id, parent),
         _times(0x39, start_ns, 0x41, end_ns if end_ns > start_ns else start_ns),
-        _fixed.get(key) or _cached(key, lambda: _attempt_block(attempt)),
+        _fixed.get(key) or _kept(key, _attempt_block(attempt)),
     ]
     status, error, ttft, first_answer, cost = attempt[5], attempt[12], attempt[13], attempt[14], attempt[15]
     if status != "ok":  # its message is free text (an upstream's words): written, never cached
@@ -289,11 +288,11 @@ def _decision_events(decision: DecisionRecord, time_ns: int) -> bytes:
     reason, order, expected_cost, candidates = decision
     when = b"\x09" + _fixed64(time_ns)
     key = decision[:2]
-    head = _fixed.get(key) or _cached(key, lambda: _decision_head(reason, order))
+    head = _fixed.get(key) or _kept(key, _decision_head(reason, order))
     out = [len_field(11, when + head + _DECISION_COST + _double(expected_cost))]
     for candidate in candidates:
         flags = candidate[:4]
-        body = [when, _fixed.get(flags) or _cached(flags, functools.partial(_candidate_head, flags))]
+        body = [when, _fixed.get(flags) or _kept(flags, _candidate_head(flags))]
         body.append(_int(_CANDIDATE_CACHED, candidate[4]))
         ttft, cost = candidate[5], candidate[6]
         if ttft is not None:

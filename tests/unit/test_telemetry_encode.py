@@ -7,8 +7,8 @@ from __future__ import annotations
 
 import dataclasses
 import threading
-from types import SimpleNamespace
-from typing import Any, cast
+import time
+from typing import Any
 
 import pytest
 
@@ -18,12 +18,15 @@ from gateway.policy.load import load_policy
 from gateway.policy.schema import Slo
 from gateway.telemetry import tracer as tracer_module
 from gateway.telemetry.content import input_messages, output_messages
+from gateway.telemetry.context import Sampler
 from gateway.telemetry.encode import request_messages
 from gateway.telemetry.otlp import envelope, export_body, export_request, len_field
 from gateway.telemetry.record import RequestRecord, decision_record, request_record
+from gateway.telemetry.settings import TelemetrySettings
 from gateway.telemetry.spans import TraceIds, request_spans
 from gateway.telemetry.tracer import RequestTrace, Tracer
 from gateway.values.observation import Attempt, Observation, Usage
+from tests.servers import free_port
 from tests.telemetry.receiver import ReadSpan, spans_of
 
 POLICY = "bench/policy.yaml"
@@ -189,7 +192,7 @@ def test_a_record_holds_only_immutable_values_taken_when_the_request_settles() -
     assert record == record_of(ids, settled(2)[1], eager, backends, [{"role": "user"}], b'{"choices": []}')
 
 
-def test_a_traced_request_takes_its_decision_into_its_record_when_it_is_made() -> None:
+async def test_a_traced_request_takes_its_decision_into_its_record_when_it_is_made() -> None:
     """``RequestTrace.decided``: the candidates are evaluated while what the decision read is at hand,
     and the record the request settles with (queued, its spans written as its batch is posted) holds
     that decision's record."""
@@ -202,14 +205,28 @@ def test_a_traced_request_takes_its_decision_into_its_record_when_it_is_made() -
         return eager.evals
 
     lazy = Decision(eager.order, eager.reason, candidates, eager.expected_cost_usd, eager.cached_tokens)
-    queued: list[object] = []
-    tracer = SimpleNamespace(content=False, exporter=SimpleNamespace(put=queued.append))
+    # A real tracer (compiled, it takes no stand-in), its exporter's queue read before any post: the
+    # flush interval is an hour, and at the end the post goes to a port nobody listens on.
+    settings = TelemetrySettings(
+        endpoint=f"http://127.0.0.1:{free_port()}/v1/traces",
+        headers=(),
+        sampler=Sampler(),
+        service_name="test",
+        content=False,
+        max_queued_traces=10,
+        batch_traces=10,
+        flush_interval_s=3600.0,
+        export_timeout_s=1.0,
+    )
+    tracer = Tracer(settings, time.monotonic, time.time)
     id_values = (ids.trace_id, ids.server_span_id, ids.parent_span_id, ids.trace_state, ids.wall_offset_s)
-    trace = RequestTrace(cast(Tracer, tracer), id_values, None)
+    trace = RequestTrace(tracer, id_values, None)
     trace.decided(lazy)
     assert built == [1], "evaluated when decided"
     later = Decision(("bench-upstream-paced",), "exploration", (), None)
     trace.finish(observation, later, None, policy)
+    queued = list(tracer.exporter._queue)
+    await tracer.close()
     (record,) = queued
     assert isinstance(record, tuple) and immutable(record), "the record is queued, not the request's objects"
     assert record[24] == decision_record(eager)
