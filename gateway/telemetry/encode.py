@@ -138,15 +138,21 @@ def _ns(clock_s: float, offset_s: float) -> int:
 
 def request_messages(record: RequestRecord) -> list[bytes]:
     """One settled request's ``Span`` messages."""
-    (trace_id, server_id, parent, trace_state, offset, operation, route, _, status) = record[:9]
-    (request_id, started, ended, max_tokens, cost, queued_s, expected_cached) = record[15:22]
-    attempts, queued, decision, prompt, answer = record[22:]
+    # Fields read by index, never by slice: mypyc holds a record as a C struct, and a slice of one
+    # boxes all 27 fields into a new tuple (its floats into new float objects) before slicing it.
+    trace_id, server_id, parent, trace_state, offset = record[0], record[1], record[2], record[3], record[4]
+    operation, route, status = record[5], record[6], record[8]
+    request_id, started, ended, max_tokens = record[15], record[16], record[17], record[18]
+    cost, queued_s, expected_cached = record[19], record[20], record[21]
+    attempts, queued, decision, prompt, answer = record[22], record[23], record[24], record[25], record[26]
+    r = record
+    key = (operation, route, r[7], status, r[9], r[10], r[11], r[12], r[13], r[14])  # its block's key
     start_ns, end_ns = _ns(started, offset), _ns(ended, offset)
     request_id_bytes = request_id.encode("utf-8", "replace")
     out = [
         _ids(trace_id, server_id, parent),
         _times(0x39, start_ns, 0x41, end_ns if end_ns > start_ns else start_ns),
-        _fixed.get(record[5:15]) or _kept(record[5:15], _server_block(record)),
+        _fixed.get(key) or _kept(key, _server_block(record)),
         # the request id: text, never a repeat, so never cached
         len_field(9, _REQUEST_ID + len_field(2, len_field(1, request_id_bytes))),
         _int(_ATTEMPTS, len(attempts)),
@@ -233,7 +239,8 @@ def _attempt_message(
     """One attempt's client span; ``usage``: its usage block when already written (a request's only
     attempt has the server span's)."""
     start_ns, end_ns = _ns(attempt[10], offset), _ns(attempt[11], offset)
-    key = attempt[:9]
+    a = attempt
+    key = (a[0], a[1], a[2], a[3], a[4], a[5], a[6], a[7], a[8])  # its block's key: ``attempt[:9]``
     out = [
         _ids(trace_id, span_id, parent),
         _times(0x39, start_ns, 0x41, end_ns if end_ns > start_ns else start_ns),
@@ -287,11 +294,11 @@ def _decision_events(decision: DecisionRecord, time_ns: int) -> bytes:
     name 2, attributes 3}."""
     reason, order, expected_cost, candidates = decision
     when = b"\x09" + _fixed64(time_ns)
-    key = decision[:2]
+    key = (reason, order)
     head = _fixed.get(key) or _kept(key, _decision_head(reason, order))
     out = [len_field(11, when + head + _DECISION_COST + _double(expected_cost))]
     for candidate in candidates:
-        flags = candidate[:4]
+        flags = (candidate[0], candidate[1], candidate[2], candidate[3])
         body = [when, _fixed.get(flags) or _kept(flags, _candidate_head(flags))]
         body.append(_int(_CANDIDATE_CACHED, candidate[4]))
         ttft, cost = candidate[5], candidate[6]

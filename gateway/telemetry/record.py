@@ -8,7 +8,8 @@ keep a dozen of them alive per request until then, which the cyclic collector wa
 which are out of the CPU's caches by the time they are read. A record holds only strings, numbers,
 bytes and tuples of them: immutable, so nothing can see it change, and out of the collector's sight
 once it has looked at it once. Its fields are ordered so that the values a span's cached block is
-written from are one slice (``encode`` looks its blocks up by ``record[5:15]`` and ``attempt[:9]``).
+written from are side by side (``encode`` looks its blocks up by ``record[5:15]`` and ``attempt[:9]``,
+read field by field).
 """
 
 from __future__ import annotations
