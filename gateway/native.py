@@ -3,10 +3,10 @@
 The gateway is pure Python and runs as such. ``python -m gateway.build_native build`` compiles ``MODULES``
 (the simulator's event loop and backend models, the live stats and the routing decision, which both
 the simulator and every live request run, the request path's synchronous modules and a traced
-request's tracer, record and span writer) with mypyc into extension modules beside their sources; Python's
-importer prefers an extension module to a ``.py`` of the same name, so they are used from then on. The
-code is ``mypy --strict`` already, and mypyc keeps its semantics: the simulator's report is the same to
-the last digit either way (tests/simulate, docs/performance.md).
+request's tracer, record, span writer and exporter) with mypyc into extension modules beside their
+sources; Python's importer prefers an extension module to a ``.py`` of the same name, so they are used
+from then on. The code is ``mypy --strict`` already, and mypyc keeps its semantics: the simulator's
+report is the same to the last digit either way (tests/simulate, docs/performance.md).
 
 A build records the hash of each source it compiled (``native.json``). At import of ``gateway``,
 ``guard()`` compares them with the sources now: if any differs (an edit, a checkout, another
@@ -34,7 +34,7 @@ GROUP = "gateway.native"  # the shared library every compiled module's shim load
 
 # What a simulated request and a live decision spend their CPU in, the request path's synchronous
 # modules (the stream meter, the OpenAI door, the usage readers, the ledger's rows), and a traced
-# request's tracer, record and span writer (docs/performance.md has the profiles).
+# request's tracer, record, span writer and exporter (docs/performance.md has the profiles).
 # A class defined here cannot be subclassed by Python code (tests included), and its methods cannot be
 # patched: tests that look inside one (line tracing, patched methods) are marked ``pure_python``.
 MODULES = (
@@ -69,6 +69,7 @@ MODULES = (
     "gateway.simulate.watched_stats",
     "gateway.telemetry.context",
     "gateway.telemetry.encode",
+    "gateway.telemetry.exporter",
     "gateway.telemetry.otlp",
     "gateway.telemetry.record",
     "gateway.telemetry.tracer",
