@@ -19,6 +19,8 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
+from gateway.telemetry.context import Sampler
+from gateway.telemetry.settings import TelemetrySettings
 from tests.servers import ThreadedServer, threaded_server
 
 Fields = dict[int, list[Any]]
@@ -194,3 +196,18 @@ def hanging_receiver() -> Iterator[str]:
         for conn in held:
             conn.close()
         listener.close()
+
+
+def exporter_settings(url: str, batch_traces: int, flush_interval_s: float) -> TelemetrySettings:
+    """An exporter's settings for a test that drives one itself, posting to ``url``'s /v1/traces."""
+    return TelemetrySettings(
+        endpoint=f"{url}/v1/traces",
+        headers=(),
+        sampler=Sampler(),
+        service_name="test",
+        content=False,
+        max_queued_traces=100,
+        batch_traces=batch_traces,
+        flush_interval_s=flush_interval_s,
+        export_timeout_s=5.0,
+    )

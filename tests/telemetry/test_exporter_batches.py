@@ -11,11 +11,9 @@ import time
 import pytest
 
 from gateway.telemetry import exporter as exporter_module
-from gateway.telemetry.context import Sampler
 from gateway.telemetry.exporter import SpanExporter
 from gateway.telemetry.otlp import span_ids, span_times, text_field
-from gateway.telemetry.settings import TelemetrySettings
-from tests.telemetry.receiver import hanging_receiver, otlp_receiver, spans_of
+from tests.telemetry.receiver import exporter_settings, hanging_receiver, otlp_receiver, spans_of
 
 BATCH = 4
 
@@ -23,20 +21,6 @@ BATCH = 4
 def one_span(index: int) -> list[bytes]:
     ids = span_ids(bytes(15) + b"\x01", index.to_bytes(8, "big"), b"")
     return [ids + text_field(5, "queued") + b"\x30\x01" + span_times(index, index)]
-
-
-def settings_for(url: str, flush_interval_s: float) -> TelemetrySettings:
-    return TelemetrySettings(
-        endpoint=f"{url}/v1/traces",
-        headers=(),
-        sampler=Sampler(),
-        service_name="test",
-        content=False,
-        max_queued_traces=100,
-        batch_traces=BATCH,
-        flush_interval_s=flush_interval_s,
-        export_timeout_s=5.0,
-    )
 
 
 async def exported(exporter: SpanExporter[int], count: int) -> None:
@@ -50,7 +34,7 @@ async def test_full_batches_go_at_once_and_the_rest_waits_for_the_stop() -> None
     with otlp_receiver() as (receiver, server):
         # The flush interval never comes, here: only full batches and the stop send anything.
         exporter: SpanExporter[int] = SpanExporter(
-            settings_for(server.url, 3600.0), {}, one_span, lambda _: 1
+            exporter_settings(server.url, BATCH, 3600.0), {}, one_span, lambda _: 1
         )
         for index in range(1, 2 * BATCH + 3):  # two full batches and two more
             exporter.put(index)
@@ -74,7 +58,7 @@ async def test_a_post_closes_at_its_byte_cap_before_its_trace_count(monkeypatch:
 
     with otlp_receiver() as (receiver, server):
         exporter: SpanExporter[int] = SpanExporter(
-            settings_for(server.url, 3600.0), {}, large_span, lambda _: 1
+            exporter_settings(server.url, BATCH, 3600.0), {}, large_span, lambda _: 1
         )
         for index in range(1, BATCH + 1):  # a full batch by count: 4 traces, ~1,600 bytes
             exporter.put(index)
@@ -89,7 +73,9 @@ async def test_a_post_closes_at_its_byte_cap_before_its_trace_count(monkeypatch:
 
 async def test_a_lone_trace_goes_at_the_flush_interval() -> None:
     with otlp_receiver() as (receiver, server):
-        exporter: SpanExporter[int] = SpanExporter(settings_for(server.url, 0.1), {}, one_span, lambda _: 1)
+        exporter: SpanExporter[int] = SpanExporter(
+            exporter_settings(server.url, BATCH, 0.1), {}, one_span, lambda _: 1
+        )
         exporter.put(1)
         assert exporter.queued == 1
         await exported(exporter, 1)
@@ -103,7 +89,9 @@ async def test_a_stop_with_a_hung_receiver_ends_within_its_bound_and_says_what_w
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     with hanging_receiver() as url:
-        exporter: SpanExporter[int] = SpanExporter(settings_for(url, 3600.0), {}, one_span, lambda _: 1)
+        exporter: SpanExporter[int] = SpanExporter(
+            exporter_settings(url, BATCH, 3600.0), {}, one_span, lambda _: 1
+        )
         for index in range(1, BATCH + 3):  # a full batch, posted at once and stuck, and two waiting
             exporter.put(index)
         await asyncio.sleep(0.2)
@@ -126,7 +114,9 @@ async def test_a_trace_whose_spans_cannot_be_written_is_counted_and_its_batch_st
         return one_span(index)
 
     with otlp_receiver() as (receiver, server), caplog.at_level(logging.ERROR, logger="gateway"):
-        exporter: SpanExporter[int] = SpanExporter(settings_for(server.url, 3600.0), {}, write, lambda _: 2)
+        exporter: SpanExporter[int] = SpanExporter(
+            exporter_settings(server.url, BATCH, 3600.0), {}, write, lambda _: 2
+        )
         for index in range(1, 2 * BATCH + 1):
             exporter.put(index)
         await exported(exporter, 2 * BATCH - 1)

@@ -18,16 +18,14 @@ from gateway.policy.load import load_policy
 from gateway.policy.schema import Slo
 from gateway.telemetry import tracer as tracer_module
 from gateway.telemetry.content import input_messages, output_messages
-from gateway.telemetry.context import Sampler
 from gateway.telemetry.encode import request_messages
 from gateway.telemetry.otlp import envelope, export_body, export_request, len_field
 from gateway.telemetry.record import RequestRecord, decision_record, request_record
-from gateway.telemetry.settings import TelemetrySettings
 from gateway.telemetry.spans import TraceIds, request_spans
 from gateway.telemetry.tracer import RequestTrace, Tracer
 from gateway.values.observation import Attempt, Observation, Usage
 from tests.servers import free_port
-from tests.telemetry.receiver import ReadSpan, spans_of
+from tests.telemetry.receiver import ReadSpan, exporter_settings, spans_of
 
 POLICY = "bench/policy.yaml"
 RESOURCE = {"service.name": "t", "service.version": "1"}
@@ -207,17 +205,7 @@ async def test_a_traced_request_takes_its_decision_into_its_record_when_it_is_ma
     lazy = Decision(eager.order, eager.reason, candidates, eager.expected_cost_usd, eager.cached_tokens)
     # A real tracer (compiled, it takes no stand-in), its exporter's queue read before any post: the
     # flush interval is an hour, and at the end the post goes to a port nobody listens on.
-    settings = TelemetrySettings(
-        endpoint=f"http://127.0.0.1:{free_port()}/v1/traces",
-        headers=(),
-        sampler=Sampler(),
-        service_name="test",
-        content=False,
-        max_queued_traces=10,
-        batch_traces=10,
-        flush_interval_s=3600.0,
-        export_timeout_s=1.0,
-    )
+    settings = exporter_settings(f"http://127.0.0.1:{free_port()}", 10, 3600.0)
     tracer = Tracer(settings, time.monotonic, time.time)
     id_values = (ids.trace_id, ids.server_span_id, ids.parent_span_id, ids.trace_state, ids.wall_offset_s)
     trace = RequestTrace(tracer, id_values, None)
