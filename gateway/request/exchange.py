@@ -155,6 +155,11 @@ class Exchange:
         self._upstream = upstream
         return upstream
 
+    def release_upstream(self) -> None:
+        """The open upstream answer is no longer the exchange's to close: a finished stream's, read to its
+        end and closed by the relay after the exchange has settled (``StreamRelay``)."""
+        self._upstream = None
+
     def cut_upstream(self) -> None:
         """Close the open upstream answer: whatever reads it sees the stream end (a stop's grace is over)."""
         if self._upstream is not None:

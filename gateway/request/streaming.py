@@ -147,13 +147,22 @@ class StreamRelay:
                 await send({"type": "http.response.body", "body": first, "more_body": True})
         # The client has everything once [DONE] is out (SDKs hang up then): settle and end the response
         # before waiting for the upstream to close, so that hang-up is not taken for a cancellation.
-        meter = self._meter
+        meter, exchange = self._meter, self._exchange
         if self._attempt.finished_at is None:
-            meter.finish(self._exchange.runtime.clock())
-        self._exchange.response_ended = True
+            meter.finish(exchange.runtime.clock())
+        exchange.response_ended = True
         await send({"type": "http.response.body", "body": b"", "more_body": False})
         if meter.done:
-            await self._drain()
+            # The books first (the row, spend, metrics), then the upstream's last bytes (its chunked
+            # terminator, read so its connection is kept): an upstream slow to send them (up to
+            # DRAIN_TIMEOUT_S) held back the row of an answer its client already had, which a crash or
+            # a kill in between lost. The exchange lets go of the upstream, so settling keeps it open.
+            exchange.release_upstream()
+            exchange.settle()
+            try:
+                await self._drain()
+            finally:
+                self._upstream.close()  # kept for reuse when read to its end, cut otherwise
 
     async def _pump(self, send: Send) -> AttemptFailure | None:
         """Relay the current upstream to its [DONE]; the failure that ended it early, if one did."""
