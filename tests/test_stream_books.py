@@ -20,7 +20,7 @@ import pytest
 
 from gateway.request import streaming
 from tests.conftest import running_gateway
-from tests.hardening.test_one_read_stream import STREAM_HEAD, chunked, frame, usage_frame
+from tests.hardening.test_one_read_stream import STREAM_HEAD, chunked, frame, one_backend_policy, usage_frame
 from tests.replicas.conftest import eventually
 
 
@@ -88,18 +88,7 @@ def test_a_stream_is_in_the_ledger_while_its_upstream_still_holds_its_last_bytes
     upstream = HeldEndUpstream()
     with upstream.running() as url:
         policy = tmp_path / "policy.yaml"
-        policy.write_text(f"""
-backends:
-  held:
-    dialect: openai
-    url: {url}/v1
-    model: m
-    pricing: {{per_token: {{input_usd_per_mtok: 1, output_usd_per_mtok: 10}}}}
-routes:
-  held: {{backends: [held]}}
-ledger: {{flush_interval_s: 0.05}}
-tuning: {{probes: {{enabled: false}}}}
-""")
+        policy.write_text(one_backend_policy(url, "held", "ledger: {flush_interval_s: 0.05}\n"))
         with running_gateway(policy) as gateway, httpx.Client(timeout=60) as client:
             body = {"model": "held", "messages": [{"role": "user", "content": "hi"}], "stream": True}
             answer = client.post(

@@ -69,21 +69,26 @@ class OneWriteUpstream:
             self.thread.join(10)
 
 
-@pytest.fixture
-def gateway(tmp_path: Path) -> Iterator[Gateway]:
-    with OneWriteUpstream().running() as url:
-        policy = tmp_path / "policy.yaml"
-        policy.write_text(f"""
+def one_backend_policy(url: str, name: str = "fast", extra: str = "") -> str:
+    """A policy with one OpenAI-dialect backend at ``url`` and a route of the same name, no probes."""
+    return f"""
 backends:
-  fast:
+  {name}:
     dialect: openai
     url: {url}/v1
     model: m
     pricing: {{per_token: {{input_usd_per_mtok: 1, output_usd_per_mtok: 10}}}}
 routes:
-  fast: {{backends: [fast]}}
+  {name}: {{backends: [{name}]}}
 tuning: {{probes: {{enabled: false}}}}
-""")
+{extra}"""
+
+
+@pytest.fixture
+def gateway(tmp_path: Path) -> Iterator[Gateway]:
+    with OneWriteUpstream().running() as url:
+        policy = tmp_path / "policy.yaml"
+        policy.write_text(one_backend_policy(url))
         with running_gateway(policy) as gateway:
             yield gateway
 
