@@ -123,23 +123,26 @@ async def overhead(
         sink.stop()
         upstream.stop()
     result: dict[str, Any] = {"rounds": rounds, "runs": runs}
+
+    def paired(key: str, a: str, b: str) -> float | None:
+        """The median of the rounds' own ratios a/b: each round runs every mode back to back, so its
+        own ratio is less moved by the machine's drift from round to round than a ratio of medians."""
+        own = [x[key] / y[key] for x, y in zip(runs[a], runs[b], strict=True) if y[key]]
+        return statistics.median(own) if own else None
+
     for key in ("cpu_ms_per_stream", "cpu_ms_per_req", "page_faults_per_req"):
         off = statistics.median(r[key] for r in runs["off"])
         on = statistics.median(r[key] for r in runs["on"])
-        # Each round runs off and on back to back: the median of the rounds' own ratios is less moved
-        # by the machine's drift from round to round than the ratio of the two medians (printed beside it).
-        own = [b[key] / a[key] for a, b in zip(runs["off"], runs["on"], strict=True) if a[key]]
         result[key] = {
             "off": off,
             "on": on,
             "ratio": on / off if off else None,
-            "paired": statistics.median(own) if own else None,
+            "paired": paired(key, "on", "off"),  # printed beside the ratio of the medians
         }
         if base is not None:
             result[key]["base"] = statistics.median(r[key] for r in runs["base"])
             for name, (a, b) in {"base_to_off": ("base", "off"), "on_to_base": ("on", "base")}.items():
-                paired = [x[key] / y[key] for x, y in zip(runs[a], runs[b], strict=True) if y[key]]
-                result[key][name] = statistics.median(paired) if paired else None
+                result[key][name] = paired(key, a, b)
     return result
 
 

@@ -11,7 +11,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import sqlite3
-import threading
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -20,34 +19,36 @@ import pytest
 
 from gateway.request import streaming
 from tests.conftest import running_gateway
-from tests.hardening.test_one_read_stream import STREAM_HEAD, chunked, frame, one_backend_policy, usage_frame
+from tests.hardening.test_one_read_stream import (
+    STREAM_HEAD,
+    OneWriteUpstream,
+    chunked,
+    frame,
+    one_backend_policy,
+    read_request,
+    usage_frame,
+)
 from tests.replicas.conftest import eventually
 
 
-class HeldEndUpstream:
-    """A keep-alive upstream on a loopback port that answers each request with a whole stream, [DONE]
-    included, and sends the chunked terminator only once the test ``release``s it."""
+class HeldEndUpstream(OneWriteUpstream):
+    """A keep-alive upstream that answers each request with a whole stream, [DONE] included, and sends
+    the chunked terminator only once the test ``release``s it."""
 
     def __init__(self) -> None:
-        self.loop = asyncio.new_event_loop()
-        self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
+        super().__init__()
         self.connections = 0
         self.ended = 0  # terminators sent
-        self._release: asyncio.Event | None = None
+        self._release = asyncio.Event()  # bound to the upstream's loop when first waited on
 
     def release(self) -> None:
-        assert self._release is not None
         self.loop.call_soon_threadsafe(self._release.set)
 
     async def serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         self.connections += 1
-        assert self._release is not None
         with contextlib.suppress(ConnectionError, asyncio.IncompleteReadError):
             while True:
-                header = await reader.readuntil(b"\r\n\r\n")
-                lines = (line.partition(b":") for line in header.split(b"\r\n"))
-                length = next(int(v) for k, _, v in lines if k.lower() == b"content-length")
-                await reader.readexactly(length)
+                await read_request(reader)
                 events = frame("held") + usage_frame() + b"data: [DONE]\n\n"
                 writer.write(STREAM_HEAD + chunked(events))
                 await writer.drain()
@@ -59,20 +60,11 @@ class HeldEndUpstream:
 
     @contextlib.contextmanager
     def running(self) -> Iterator[str]:
-        self.thread.start()
-
-        async def start() -> asyncio.Server:
-            self._release = asyncio.Event()
-            return await asyncio.start_server(self.serve, "127.0.0.1", 0)
-
-        server = asyncio.run_coroutine_threadsafe(start(), self.loop).result(10)
-        try:
-            yield f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}"
-        finally:
-            self.release()  # a stream still held (a failed test) ends with its connection
-            self.loop.call_soon_threadsafe(server.close)
-            self.loop.call_soon_threadsafe(self.loop.stop)
-            self.thread.join(10)
+        with super().running() as url:
+            try:
+                yield url
+            finally:
+                self.release()  # a stream still held (a failed test) ends with its connection
 
 
 def ledger_request_ids(path: Path) -> set[str]:

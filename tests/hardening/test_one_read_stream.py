@@ -36,6 +36,14 @@ def usage_frame(usage: dict[str, object] = USAGE) -> bytes:
     return b"data: " + orjson.dumps(chunk) + b"\n\n"
 
 
+async def read_request(reader: asyncio.StreamReader) -> None:
+    """One request off the connection: its head, then its body by its content-length."""
+    header = await reader.readuntil(b"\r\n\r\n")
+    length = next(int(v) for k, _, v in (line.partition(b":") for line in header.split(b"\r\n"))
+                  if k.lower() == b"content-length")  # fmt: skip
+    await reader.readexactly(length)
+
+
 class OneWriteUpstream:
     """Answers every request with its whole stream in a single write, on a loopback port."""
 
@@ -47,10 +55,7 @@ class OneWriteUpstream:
 
     async def serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         with contextlib.suppress(ConnectionError, asyncio.IncompleteReadError):
-            header = await reader.readuntil(b"\r\n\r\n")
-            length = next(int(v) for k, _, v in (line.partition(b":") for line in header.split(b"\r\n"))
-                          if k.lower() == b"content-length")  # fmt: skip
-            await reader.readexactly(length)
+            await read_request(reader)
             events = frame("one") + frame(" read") + usage_frame(self.usage) + b"data: [DONE]\n\n"
             writer.write(STREAM_HEAD + chunked(events) + b"0\r\n\r\n")
             await writer.drain()
