@@ -15,6 +15,7 @@ import httpx
 import pytest
 
 from gateway.app import create_app
+from gateway.money.budgets import period_bounds
 from gateway.policy.reload import PolicyHolder
 from gateway.runtime import Runtime
 from tests.conftest import PAID_KEY, Gateway, Upstreams, policy_yaml
@@ -47,6 +48,18 @@ def make_gateway(
 
         yield make
     upstreams.reset()
+
+
+def clear_of_midnight(margin_s: float = 120.0) -> float:
+    """The time now, at least ``margin_s`` from either end of its UTC day: waits out a day boundary
+    that would fall between rows a test seeds a minute back and what it reads of today (a day's budget
+    and the dashboard count from the day's start). Waits only within ``margin_s`` of midnight."""
+    now = time.time()
+    start, end = period_bounds("day", now)
+    if now - start < margin_s or end - now < margin_s:
+        time.sleep((start if now - start < margin_s else end) + margin_s - now)
+        now = time.time()
+    return now
 
 
 def ledger_path(tmp_path: Path) -> Path:

@@ -19,7 +19,7 @@ from gateway.ledger import LedgerRow, open_database
 from tests.conftest import Gateway
 
 from .chromium import Page, chromium, chromium_path
-from .conftest import MakeGateway, chat, settle
+from .conftest import MakeGateway, chat, clear_of_midnight, settle
 
 ROUTES = """
   kimi-k3:
@@ -74,7 +74,9 @@ def other_replicas_rows(now: float) -> list[tuple[Any, ...]]:
 def fleet_gateway(make_gateway: MakeGateway, postgres_url: str) -> Gateway:
     seeded = open_database(postgres_url)
     seeded.open()
-    seeded.write(other_replicas_rows(time.time()))
+    # Seeded a minute back, then read as today's: the test must not straddle a UTC midnight (a CI run
+    # at 00:00 UTC once failed three of these tests: the seeded rows fell on the day before).
+    seeded.write(other_replicas_rows(clear_of_midnight()))
     seeded.close()
     gateway = make_gateway(ROUTES, ledger_path=postgres_url)
     sent = 0
