@@ -151,11 +151,14 @@ def ledger_rows(start_wall: float, days: int, scale: float = 1.0) -> Iterator[tu
             i += 1
 
 
-def write_ledger(target: str, days: int = DAYS, scale: float = 1.0) -> tuple[int, float]:
-    """The month's whole days up to the last full hour, from the first UTC midnight inside ``--since 30d``."""
+def write_ledger(
+    target: str, days: int = DAYS, scale: float = 1.0, now: float | None = None
+) -> tuple[int, float]:
+    """The month's whole days up to the last full hour before ``now`` (the clock's, unless a test fixes
+    the calendar), from the first UTC midnight inside ``--since 30d``."""
     from gateway.ledger import open_database
 
-    now = time.time()
+    now = time.time() if now is None else now
     start_wall = math.ceil((now - days * DAY_S + 60.0) / DAY_S) * DAY_S
     whole_days = int((math.floor(now / 3600.0) * 3600.0 - start_wall) // DAY_S)
     database = open_database(target)

@@ -5,7 +5,6 @@ agents' sessions among the chat, and its ledger, written through the ledger's ow
 from __future__ import annotations
 
 import itertools
-import time
 from pathlib import Path
 
 from bench.month import AGENT_ROUTE, AGENT_SESSIONS, WEEKDAY, WEEKEND, curve, month_day, write_ledger
@@ -22,9 +21,11 @@ def test_each_calendar_day_gets_its_kind_of_curve() -> None:
 
 
 def test_the_month_ledger_replays_row_for_row(tmp_path: Path) -> None:
-    path = tmp_path / "month.sqlite3"
-    rows, _ = write_ledger(str(path), days=2, scale=0.01)
-    replayed = ledger_workload(path, time.time() - 30 * 86_400.0)
+    # A fixed Wednesday noon: its one whole day back is a Tuesday, with agents' sessions at this scale
+    # (a weekend's round to none, so a run on a Sunday or Monday by the clock saw no agents' route).
+    path, wednesday = tmp_path / "month.sqlite3", parse_start("2026-03-04T12:00:00Z")
+    rows, _ = write_ledger(str(path), days=2, scale=0.01, now=wednesday)
+    replayed = ledger_workload(path, wednesday - 30 * 86_400.0)
     assert rows > 100 and len(replayed.requests) == rows
     assert {r.route for r in replayed.requests} == {"kimi-k3", "kimi-k3-batch", "kimi-k3-fast", AGENT_ROUTE}
     assert all(r.reasoning_tokens < r.output_tokens for r in replayed.requests)  # thinking-heavy, not all
