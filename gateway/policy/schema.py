@@ -266,8 +266,8 @@ class Route(Strict):
 
 class Server(Strict):
     """What one gateway process lets its clients hold: bytes, time and requests in flight. The two
-    header settings belong to the connection and are read at start-up; the others on every request,
-    so a reload applies them at once."""
+    header settings and ``keep_alive_s`` belong to the connection and are read at start-up; the others
+    on every request, so a reload applies them at once."""
 
     max_body_bytes: Annotated[int, Field(ge=1024)] = 4 * 1024 * 1024
     # Completion requests this process serves at once (streams included), over every route and door;
@@ -283,6 +283,10 @@ class Server(Strict):
     max_header_bytes: Annotated[int, Field(ge=1024, le=16 * 1024 * 1024)] = 64 * 1024
     # The whole body must arrive within this long of the headers, else 408 and the connection closed.
     body_timeout_s: Annotated[float, Field(gt=0, le=3600)] = 30.0
+    # A client's kept-alive connection idle this long after its last answer is closed. Behind a load
+    # balancer that reuses connections, set it above the balancer's own idle timeout (60 s on an AWS
+    # ALB), else the balancer may send a request down a connection the gateway is closing (a 502).
+    keep_alive_s: Annotated[float, Field(gt=0, le=3600)] = 5.0
 
 
 class Ledger(Strict):

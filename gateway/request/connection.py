@@ -28,10 +28,11 @@ from gateway.request.response_cycle import GatewayCycle
 class ConnectionLimits:
     header_timeout_s: float
     max_header_bytes: int
+    keep_alive_s: float = 5.0
 
     @classmethod
     def of(cls, server: Server) -> ConnectionLimits:
-        return cls(server.header_timeout_s, server.max_header_bytes)
+        return cls(server.header_timeout_s, server.max_header_bytes, server.keep_alive_s)
 
 
 DIRECT_BODY = "gateway.direct_body"  # the scope extension that carries a request's DirectBody
@@ -125,12 +126,27 @@ class HeadersTooLarge(Exception):
 class GuardedHttpToolsProtocol(HttpToolsProtocol):
     """One client connection. The header clock starts when the connection opens, and again when the
     first byte of each later request arrives; it stops once the headers are complete. On expiry the
-    client gets 408 and the connection closes; headers past the size cap get 431 and the same."""
+    client gets 408 and the connection closes; headers past the size cap get 431 and the same. A
+    connection idle for ``keep_alive_s`` after its last answer is closed (uvicorn's keep-alive).
+
+    Both clocks are lazy (issue 39): a request costs two timestamps, not two timers armed and cancelled
+    (``call_later`` and ``cancel`` per request each, as uvicorn does for its keep-alive). A clock's timer
+    is armed only when it may expire: the header clock's when a read ends with a request's headers
+    incomplete (most requests' headers arrive in the read that begins them) or a connection opens, the
+    keep-alive's when an answer completes and none is armed. When it fires it reads its timestamp and
+    closes, goes back to sleep for what is left, or stops (its clock is not running)."""
 
     def __init__(self, *args: Any, limits: ConnectionLimits, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self._limits = limits
+        self._max_header_bytes = limits.max_header_bytes
+        self.timeout_keep_alive = limits.keep_alive_s  # type: ignore[assignment]  # call_later takes a float
         self._header_deadline: asyncio.TimerHandle | None = None
+        # The loop's time at which the headers under way began: the connection's opening or a later
+        # request's first byte; None while no request's headers are under way.
+        self._headers_began: float | None = None
+        # The loop's time at which the last answer completed, while no byte has come since; else None.
+        self._idle_since: float | None = None
         self._header_bytes = 0
         self._refused = False
         self.client_watch: tuple[int, Callable[[], None]] | None = None
@@ -141,13 +157,14 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
-        self._arm_header_deadline()
+        self._headers_began = self.loop.time()
+        self._arm_header_deadline(self._limits.header_timeout_s)
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._disarm_header_deadline()
         watching, self.client_watch = self.client_watch, None
         cycle = self.cycle
-        super().connection_lost(exc)
+        super().connection_lost(exc)  # cancels the keep-alive timer
         if watching is not None and cycle is not None and self.number == watching[0] and cycle.disconnected:
             watching[1]()  # uvicorn marks only an unfinished response's cycle disconnected
         # The protocol keeps its last request's scope, whose extensions name the protocol back: a
@@ -159,24 +176,66 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
             extensions.pop(CLIENT_WATCH, None)
 
     def data_received(self, data: bytes) -> None:
-        if not self._refused:  # after a refusal the connection is closing: nothing more is parsed
-            super().data_received(data)
+        """uvicorn's, with the lazy clocks; after a refusal the connection is closing: nothing more is
+        parsed."""
+        if self._refused:
+            return
+        self._idle_since = None
+        try:
+            self.parser.feed_data(data)
+        except httptools.HttpParserError:  # a HeadersTooLarge in a callback arrives as one too
+            msg = "Invalid HTTP request received."
+            self.logger.warning(msg)
+            self.send_400_response(msg)
+            return
+        except httptools.HttpParserUpgrade:
+            if self._should_upgrade():
+                self.handle_websocket_upgrade()
+            else:
+                self._unsupported_upgrade_warning()
+            return
+        began = self._headers_began
+        if began is not None and self._header_deadline is None and not self._refused:
+            self._arm_header_deadline(began + self._limits.header_timeout_s - self.loop.time())
 
     def on_message_begin(self) -> None:
-        super().on_message_begin()
+        # uvicorn's, and the header clock's start (unless the connection's opening started it).
+        self.url = b""
+        self.expect_100_continue = False
+        self.headers = []
+        self.scope = {  # type: ignore[typeddict-item]
+            "type": "http",
+            "asgi": {"version": self.asgi_version, "spec_version": "2.3"},
+            "http_version": "1.1",
+            "server": self.server,
+            "client": self.client,
+            "scheme": self.scheme,  # type: ignore[typeddict-item]
+            "root_path": self.root_path,
+            "headers": self.headers,
+            "state": self.app_state.copy(),
+        }
         self._header_bytes = 0
-        self._arm_header_deadline()
+        if self._headers_began is None:
+            self._headers_began = self.loop.time()
 
     def on_url(self, url: bytes) -> None:
-        self._count_header_bytes(len(url))
-        super().on_url(url)
+        self._header_bytes += len(url)
+        if self._header_bytes > self._max_header_bytes:
+            self._headers_too_large()
+        self.url += url
 
     def on_header(self, name: bytes, value: bytes) -> None:
-        self._count_header_bytes(len(name) + len(value) + 4)  # ": " and CRLF
-        super().on_header(name, value)
+        # uvicorn's, with the size counted (": " and CRLF included).
+        self._header_bytes += len(name) + len(value) + 4
+        if self._header_bytes > self._max_header_bytes:
+            self._headers_too_large()
+        name = name.lower()
+        if name == b"expect" and value.lower() == b"100-continue":
+            self.expect_100_continue = True
+        self.headers.append((name, value))
 
     def on_headers_complete(self) -> None:
-        self._disarm_header_deadline()
+        self._headers_began = None
         scope: Any = self.scope
         self.requests_parsed = number = self.requests_parsed + 1
         extensions = scope.setdefault("extensions", {})
@@ -222,30 +281,57 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
             self.flow.pause_reading()
             self.pipeline.appendleft((self.cycle, self.app))
 
+    def on_response_complete(self) -> None:
+        # uvicorn's, with the lazy keep-alive clock.
+        self.server_state.total_requests += 1
+        if self.transport.is_closing():
+            return
+        self.flow.resume_reading()
+        if self.pipeline:
+            cycle, app = self.pipeline.pop()
+            self._start_asgi_task(cycle, app)
+            return
+        self._idle_since = self.loop.time()
+        if self.timeout_keep_alive_task is None:
+            self.timeout_keep_alive_task = self.loop.call_later(self.timeout_keep_alive, self._keep_alive_due)
+
+    def _keep_alive_due(self) -> None:
+        self.timeout_keep_alive_task = None
+        idle_since = self._idle_since
+        if idle_since is None or self.transport.is_closing():
+            return  # a request came: the answer that ends it arms the clock again
+        left = idle_since + self.timeout_keep_alive - self.loop.time()
+        if left > 0:
+            self.timeout_keep_alive_task = self.loop.call_later(left, self._keep_alive_due)
+        else:
+            self.transport.close()
+
     def send_400_response(self, msg: str) -> None:
         # uvicorn answers any parser error with a 400; a refusal of ours has already been answered.
         if not self._refused:
             super().send_400_response(msg)
 
-    def _count_header_bytes(self, n: int) -> None:
-        self._header_bytes += n
-        if self._header_bytes > self._limits.max_header_bytes:
-            message = f"the request line and headers exceed {self._limits.max_header_bytes} bytes"
-            self._refuse(431, "Request Header Fields Too Large", "request_header_fields_too_large", message)
-            raise HeadersTooLarge
+    def _headers_too_large(self) -> None:
+        message = f"the request line and headers exceed {self._max_header_bytes} bytes"
+        self._refuse(431, "Request Header Fields Too Large", "request_header_fields_too_large", message)
+        raise HeadersTooLarge
 
-    def _arm_header_deadline(self) -> None:
-        if self._header_deadline is None and not self._refused:
-            self._header_deadline = self.loop.call_later(self._limits.header_timeout_s, self._headers_late)
+    def _arm_header_deadline(self, delay_s: float) -> None:
+        self._header_deadline = self.loop.call_later(max(delay_s, 0.0), self._headers_due)
 
     def _disarm_header_deadline(self) -> None:
         if self._header_deadline is not None:
             self._header_deadline.cancel()
             self._header_deadline = None
 
-    def _headers_late(self) -> None:
+    def _headers_due(self) -> None:
         self._header_deadline = None
-        if self.transport.is_closing():
+        began = self._headers_began
+        if began is None or self._refused or self.transport.is_closing():
+            return  # no request's headers under way: the next read that leaves some incomplete arms it
+        left = began + self._limits.header_timeout_s - self.loop.time()
+        if left > 0:  # a later request's headers, begun after this timer was armed
+            self._arm_header_deadline(left)
             return
         if self.cycle is not None and not self.cycle.response_complete:
             # An answer to the previous request is still being written (a pipelining client that
