@@ -164,7 +164,10 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
         self._disarm_header_deadline()
         watching, self.client_watch = self.client_watch, None
         cycle = self.cycle
-        super().connection_lost(exc)  # cancels the keep-alive timer
+        if self.timeout_keep_alive_task is not None:
+            self.timeout_keep_alive_task.cancel()
+            self.timeout_keep_alive_task = None
+        super().connection_lost(exc)
         if watching is not None and cycle is not None and self.number == watching[0] and cycle.disconnected:
             watching[1]()  # uvicorn marks only an unfinished response's cycle disconnected
         # The protocol keeps its last request's scope, whose extensions name the protocol back: a
@@ -176,44 +179,20 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
             extensions.pop(CLIENT_WATCH, None)
 
     def data_received(self, data: bytes) -> None:
-        """uvicorn's, with the lazy clocks; after a refusal the connection is closing: nothing more is
-        parsed."""
-        if self._refused:
+        if self._refused:  # after a refusal the connection is closing: nothing more is parsed
             return
-        self._idle_since = None
-        try:
-            self.parser.feed_data(data)
-        except httptools.HttpParserError:  # a HeadersTooLarge in a callback arrives as one too
-            msg = "Invalid HTTP request received."
-            self.logger.warning(msg)
-            self.send_400_response(msg)
-            return
-        except httptools.HttpParserUpgrade:
-            if self._should_upgrade():
-                self.handle_websocket_upgrade()
-            else:
-                self._unsupported_upgrade_warning()
-            return
+        super().data_received(data)  # a parser error (a HeadersTooLarge in a callback too) closes it
         began = self._headers_began
-        if began is not None and self._header_deadline is None and not self._refused:
+        if began is not None and self._header_deadline is None and not self.transport.is_closing():
             self._arm_header_deadline(began + self._limits.header_timeout_s - self.loop.time())
 
+    def _unset_keepalive_if_required(self) -> None:
+        # uvicorn calls this when a byte arrives (and when the connection ends, which cancels the timer
+        # itself): the keep-alive clock stops, and its timer, if armed, sees that when it fires.
+        self._idle_since = None
+
     def on_message_begin(self) -> None:
-        # uvicorn's, and the header clock's start (unless the connection's opening started it).
-        self.url = b""
-        self.expect_100_continue = False
-        self.headers = []
-        self.scope = {  # type: ignore[typeddict-item]
-            "type": "http",
-            "asgi": {"version": self.asgi_version, "spec_version": "2.3"},
-            "http_version": "1.1",
-            "server": self.server,
-            "client": self.client,
-            "scheme": self.scheme,  # type: ignore[typeddict-item]
-            "root_path": self.root_path,
-            "headers": self.headers,
-            "state": self.app_state.copy(),
-        }
+        super().on_message_begin()
         self._header_bytes = 0
         if self._headers_began is None:
             self._headers_began = self.loop.time()
