@@ -28,7 +28,7 @@ from gateway.request.response_cycle import GatewayCycle
 class ConnectionLimits:
     header_timeout_s: float
     max_header_bytes: int
-    keep_alive_s: float = 5.0
+    keep_alive_s: float
 
     @classmethod
     def of(cls, server: Server) -> ConnectionLimits:

@@ -54,7 +54,7 @@ async def connected(app: App) -> tuple[GuardedHttpToolsProtocol, RecordingTransp
         server_state=ServerState(),
         app_state={},
         _loop=asyncio.get_running_loop(),
-        limits=ConnectionLimits(header_timeout_s=5.0, max_header_bytes=8192),
+        limits=ConnectionLimits(header_timeout_s=5.0, max_header_bytes=8192, keep_alive_s=5.0),
     )
     transport = RecordingTransport()
     protocol.connection_made(transport)
